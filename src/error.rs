@@ -1,0 +1,185 @@
+//! The one public error type.
+//!
+//! An expected outcome is a value, not an error: a duplicate is
+//! [`Outcome::Duplicate`](crate::Outcome::Duplicate), a held lease is
+//! [`Begin::InProgress`](crate::Begin::InProgress). `Error` is for what the caller did
+//! wrong or what the machine did to us, and every message says what to do about it.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything that can go wrong in idemstore.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A namespace or id is empty, too long, or (for a namespace) not UTF-8.
+    InvalidKey {
+        /// Why the key was refused.
+        reason: String,
+    },
+    /// A ttl or lease is zero or longer than the store's `max_ttl`.
+    InvalidTtl {
+        /// The duration that was refused.
+        ttl: Duration,
+        /// The largest duration this store accepts.
+        max: Duration,
+    },
+    /// A builder option or policy value is out of range.
+    InvalidOption {
+        /// Which option, and why.
+        reason: String,
+    },
+    /// A result passed to `Claim::complete` is longer than `max_result_len`.
+    ResultTooLarge {
+        /// The result's length in bytes.
+        len: usize,
+        /// The store's limit in bytes.
+        max: usize,
+    },
+    /// The same key arrived with a different payload than the one first recorded.
+    PayloadMismatch,
+    /// The claim is no longer ours: its lease ran out and another worker acquired the
+    /// key, or the key was removed or expired.
+    ClaimLost,
+    /// Another `Store` (in this or another process) holds the directory.
+    Locked {
+        /// The directory that is held.
+        path: PathBuf,
+    },
+    /// A file failed its checksum or structure check (only in `strict` mode; by default
+    /// damaged records are skipped and counted in `Stats`).
+    Corruption(Corruption),
+    /// An earlier write or fsync failed; the store refuses writes until it is reopened.
+    Poisoned,
+    /// An I/O operation failed.
+    Io {
+        /// What the store was doing.
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The store was closed.
+    Closed,
+}
+
+/// Where a file is damaged: opaque apart from its location and a description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Corruption {
+    pub(crate) file: PathBuf,
+    pub(crate) offset: u64,
+    pub(crate) reason: String,
+}
+
+impl Corruption {
+    /// The damaged file.
+    pub fn file(&self) -> &std::path::Path {
+        &self.file
+    }
+    /// The byte offset in that file where the damage starts.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// What is wrong there.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKey { reason } => write!(
+                f,
+                "invalid key: {reason}; a namespace is 1-64 bytes of UTF-8 and an id 1..=max_key_len bytes"
+            ),
+            Error::InvalidTtl { ttl, max } => write!(
+                f,
+                "invalid duration {ttl:?}: it must be at least 1 s and at most {max:?} (raise max_ttl when opening the store)"
+            ),
+            Error::InvalidOption { reason } => write!(f, "invalid option: {reason}"),
+            Error::ResultTooLarge { len, max } => write!(
+                f,
+                "result of {len} bytes exceeds max_result_len ({max} bytes); store a reference to the result instead, or raise max_result_len"
+            ),
+            Error::PayloadMismatch => write!(
+                f,
+                "payload mismatch: this key was first recorded with a different payload; the producer is reusing message ids for different messages"
+            ),
+            Error::ClaimLost => write!(
+                f,
+                "claim lost: the lease ran out and another worker acquired the key (or it was removed); use a longer lease or call Claim::extend while working"
+            ),
+            Error::Locked { path } => write!(
+                f,
+                "{} is in use by another idemstore Store (this or another process); close it first or use another directory",
+                path.display()
+            ),
+            Error::Corruption(c) => write!(
+                f,
+                "corruption in {} at offset {}: {}; open without strict mode to skip damaged records, or run `idemstore verify`",
+                c.file.display(),
+                c.offset,
+                c.reason
+            ),
+            Error::Poisoned => write!(
+                f,
+                "the store refuses writes after an earlier write or fsync failure (what reached the disk is unknown); fix the disk and reopen the store"
+            ),
+            Error::Io { op, path, source } => {
+                write!(f, "I/O error while {op} {}: {source}", path.display())?;
+                if source.raw_os_error() == Some(libc::ENOSPC) {
+                    write!(f, "; the disk is full: free space, then retry")?;
+                }
+                Ok(())
+            }
+            Error::Closed => write!(f, "the store is closed; open it again to continue"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Error {
+        Error::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn invalid_key(reason: impl Into<String>) -> Error {
+        Error::InvalidKey {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn invalid_option(reason: impl Into<String>) -> Error {
+        Error::InvalidOption {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn corruption(
+        file: impl Into<PathBuf>,
+        offset: u64,
+        reason: impl Into<String>,
+    ) -> Error {
+        Error::Corruption(Corruption {
+            file: file.into(),
+            offset,
+            reason: reason.into(),
+        })
+    }
+}

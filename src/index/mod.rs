@@ -1,0 +1,191 @@
+//! The in-memory index: shards of small entries, each pointing at the newest record
+//! of one key. A fingerprint match is only a candidate: the caller verifies the full
+//! key against the record, so colliding hashes can never produce a false duplicate.
+
+use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::format::record::State;
+use crate::log::{Location, SegmentSlot};
+
+/// The 64-bit hash of `(namespace_id, id)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyHash(pub u64);
+
+impl KeyHash {
+    pub(crate) fn of(namespace_id: u32, id: &[u8]) -> KeyHash {
+        KeyHash(xxhash_rust::xxh3::xxh3_64_with_seed(
+            id,
+            u64::from(namespace_id),
+        ))
+    }
+
+    /// The 32 bits stored in the entry.
+    fn fingerprint(self) -> u32 {
+        self.0 as u32
+    }
+
+    fn shard(self, mask: usize) -> usize {
+        (self.0 >> 32) as usize & mask
+    }
+}
+
+/// One index entry: 12 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    fingerprint: u32,
+    slot: u32,
+    offset: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 12);
+
+impl Entry {
+    pub(crate) fn location(&self) -> Location {
+        Location {
+            slot: SegmentSlot(self.slot),
+            offset: self.offset,
+        }
+    }
+}
+
+/// The table hash of a fingerprint: spread so that hashbrown's top-7-bit tag and its
+/// low-bit bucket index are both well mixed.
+#[inline]
+fn table_hash(fingerprint: u32) -> u64 {
+    u64::from(fingerprint).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Live keys per state in one shard.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StateCounts {
+    pub counts: [u64; 6],
+}
+
+impl StateCounts {
+    pub(crate) fn index(state: State) -> usize {
+        match state {
+            State::Mark => 0,
+            State::InProgress => 1,
+            State::Released => 2,
+            State::Completed => 3,
+            State::Failed => 4,
+            State::Tombstone => 5,
+        }
+    }
+
+    pub(crate) fn add(&mut self, state: State) {
+        self.counts[Self::index(state)] += 1;
+    }
+
+    pub(crate) fn sub(&mut self, state: State) {
+        let count = &mut self.counts[Self::index(state)];
+        debug_assert!(*count > 0, "state count underflow for {state:?}");
+        *count = count.saturating_sub(1);
+    }
+}
+
+pub(crate) struct Shard {
+    table: HashTable<Entry>,
+    pub counts: StateCounts,
+}
+
+impl Shard {
+    /// The entry for `hash` whose record `is_key` confirms, if any.
+    pub(crate) fn find(
+        &self,
+        hash: KeyHash,
+        mut is_key: impl FnMut(Location) -> bool,
+    ) -> Option<Location> {
+        let fingerprint = hash.fingerprint();
+        self.table
+            .find(table_hash(fingerprint), |e| {
+                e.fingerprint == fingerprint && is_key(e.location())
+            })
+            .map(Entry::location)
+    }
+
+    /// Points the entry at `old` (found by `find`) to `new`, or inserts a new entry.
+    pub(crate) fn upsert(&mut self, hash: KeyHash, old: Option<Location>, new: Location) {
+        let fingerprint = hash.fingerprint();
+        let entry = Entry {
+            fingerprint,
+            slot: new.slot.0,
+            offset: new.offset,
+        };
+        match old {
+            Some(old) => {
+                let existing = self
+                    .table
+                    .find_mut(table_hash(fingerprint), |e| {
+                        e.fingerprint == fingerprint && e.location() == old
+                    })
+                    .expect("upsert of an entry that find returned under the same lock");
+                *existing = entry;
+            }
+            None => {
+                self.table
+                    .insert_unique(table_hash(fingerprint), entry, |e| {
+                        table_hash(e.fingerprint)
+                    });
+            }
+        }
+    }
+
+    /// Removes the entry that points at `location`; false if none does.
+    pub(crate) fn remove_at(&mut self, hash: KeyHash, location: Location) -> bool {
+        let fingerprint = hash.fingerprint();
+        match self.table.find_entry(table_hash(fingerprint), |e| {
+            e.fingerprint == fingerprint && e.location() == location
+        }) {
+            Ok(occupied) => {
+                occupied.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Memory held by the table, in bytes.
+    pub(crate) fn allocation_size(&self) -> usize {
+        self.table.allocation_size()
+    }
+
+    pub(crate) fn entries(&self) -> impl Iterator<Item = Location> + '_ {
+        self.table.iter().map(Entry::location)
+    }
+}
+
+pub(crate) struct Index {
+    shards: Box<[Mutex<Shard>]>,
+    mask: usize,
+}
+
+impl Index {
+    pub(crate) fn new(shards: usize) -> Index {
+        debug_assert!(shards.is_power_of_two());
+        Index {
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        table: HashTable::new(),
+                        counts: StateCounts::default(),
+                    })
+                })
+                .collect(),
+            mask: shards - 1,
+        }
+    }
+
+    pub(crate) fn lock(&self, hash: KeyHash) -> MutexGuard<'_, Shard> {
+        self.shards[hash.shard(self.mask)].lock()
+    }
+
+    pub(crate) fn shards(&self) -> &[Mutex<Shard>] {
+        &self.shards
+    }
+}

@@ -1,0 +1,67 @@
+//! The only module that touches the operating system.
+//!
+//! All file and directory access goes through [`Vfs`] and [`SegmentFile`] so that
+//! tests can substitute a backend that injects faults or produces crash images.
+
+use std::any::Any;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+mod os;
+
+pub(crate) use os::{LOCK_FILE_NAME, OsVfs};
+
+/// A held directory lock; dropping it releases the lock.
+pub(crate) type DirLock = Box<dyn Any + Send + Sync>;
+
+/// Files and directories.
+pub(crate) trait Vfs: Send + Sync + 'static {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Takes the exclusive lock on `dir`; `Ok(None)` if another holder has it.
+    fn try_lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>>;
+    /// File names (not paths) in `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// The whole content of a small file, `Ok(None)` if it does not exist.
+    fn read_small(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// Opens (creating if missing) a small append-only file.
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>>;
+    /// Creates a new segment file of `capacity` bytes (sparse) and maps it.
+    fn create_segment(&self, path: &Path, capacity: u64) -> io::Result<Arc<dyn SegmentFile>>;
+    /// Maps an existing segment file (its current length).
+    fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Makes directory entries (creations, removals) in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// A small file written by appends (the namespace table).
+pub(crate) trait AppendFile: Send + Sync {
+    fn len(&self) -> io::Result<u64>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()>;
+    fn sync_data(&self) -> io::Result<()>;
+}
+
+/// A memory-mapped segment file.
+///
+/// The contract that makes sharing it sound: a byte range is written once, by one
+/// writer holding the segment's append lock, before it is published (the published
+/// length is advanced with `Release` after the write); readers only read published
+/// ranges, which are never written again.
+pub(crate) trait SegmentFile: Send + Sync {
+    /// The mapped length in bytes.
+    fn capacity(&self) -> u64;
+    /// The bytes at `offset..offset + len`, which must be published and inside the map.
+    fn read(&self, offset: u64, len: usize) -> &[u8];
+    /// Lets `fill` write `offset..offset + len` in place; the caller holds the append
+    /// lock and the range is unpublished and inside the allocated part of the map.
+    fn write_with(&self, offset: u64, len: usize, fill: &mut dyn FnMut(&mut [u8]));
+    /// Reserves disk blocks for `offset..offset + len` so that writes through the map
+    /// cannot fail for lack of space (that would be a SIGBUS, not an error).
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Makes every write before this call durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Shrinks the file to `len` bytes; no published byte lies beyond `len`.
+    fn truncate(&self, len: u64) -> io::Result<()>;
+}

@@ -1,0 +1,197 @@
+//! The real backend: files, `mmap`, `fallocate`, `fdatasync`, `flock`.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::MmapRaw;
+
+use super::{AppendFile, DirLock, SegmentFile, Vfs};
+
+pub(crate) const LOCK_FILE_NAME: &str = "LOCK";
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct OsVfs;
+
+impl Vfs for OsVfs {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn try_lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(LOCK_FILE_NAME))?;
+        // flock: held per open file description, so a second open in this process
+        // conflicts too; released by the kernel when the holder dies.
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Box::new(file))),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(e)) => Err(e),
+        }
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn read_small(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        match fs::read(path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        Ok(Box::new(OsAppendFile { file }))
+    }
+
+    fn create_segment(&self, path: &Path, capacity: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        file.set_len(capacity)?;
+        OsSegmentFile::map(file).map(|s| Arc::new(s) as Arc<dyn SegmentFile>)
+    }
+
+    fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        OsSegmentFile::map(file).map(|s| Arc::new(s) as Arc<dyn SegmentFile>)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+struct OsAppendFile {
+    file: File,
+}
+
+impl AppendFile for OsAppendFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(bytes, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
+struct OsSegmentFile {
+    file: File,
+    /// `None` for an empty file (nothing to map).
+    map: Option<MmapRaw>,
+    capacity: u64,
+}
+
+impl OsSegmentFile {
+    fn map(file: File) -> io::Result<OsSegmentFile> {
+        let capacity = file.metadata()?.len();
+        let map = if capacity == 0 {
+            None
+        } else {
+            Some(MmapRaw::map_raw(&file)?)
+        };
+        Ok(OsSegmentFile {
+            file,
+            map,
+            capacity,
+        })
+    }
+
+    fn check_range(&self, offset: u64, len: usize) -> *mut u8 {
+        let end = offset.checked_add(len as u64);
+        assert!(
+            end.is_some_and(|end| end <= self.capacity),
+            "segment access {offset}+{len} outside the map of {} bytes",
+            self.capacity
+        );
+        match &self.map {
+            // SAFETY: offset + len <= capacity == the mapping's length, checked above.
+            Some(map) => unsafe { map.as_mut_ptr().add(offset as usize) },
+            None => std::ptr::NonNull::dangling().as_ptr(),
+        }
+    }
+}
+
+impl SegmentFile for OsSegmentFile {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn read(&self, offset: u64, len: usize) -> &[u8] {
+        let ptr = self.check_range(offset, len);
+        // SAFETY: the range is inside the mapping, which lives as long as `self`; by the
+        // trait contract it is published and never written again, so no write aliases it.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+
+    fn write_with(&self, offset: u64, len: usize, fill: &mut dyn FnMut(&mut [u8])) {
+        let ptr = self.check_range(offset, len);
+        // SAFETY: the range is inside the mapping; by the trait contract the caller holds
+        // the append lock and the range is unpublished, so nobody else reads or writes it
+        // while this exclusive slice lives.
+        fill(unsafe { std::slice::from_raw_parts_mut(ptr, len) });
+    }
+
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        let (Ok(off), Ok(len_i)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, len_i) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            // A file system without fallocate: write zeros to get the blocks.
+            let zeros = vec![0u8; len as usize];
+            return self.file.write_all_at(&zeros, offset);
+        }
+        Err(err)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        // On Linux the page cache is unified: fdatasync writes back pages dirtied
+        // through the shared mapping as well as the allocation metadata.
+        self.file.sync_data()
+    }
+
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+}

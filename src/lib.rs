@@ -1,0 +1,49 @@
+//! # idemstore
+//!
+//! An embedded, log-structured, crash-safe dedup store for consumers of at-least-once
+//! queues (Kafka, RocketMQ, RabbitMQ, SQS, …). Link it into the consumer and ask, for
+//! every delivery, "first time, or duplicate?" — atomically, durably, with no server.
+//!
+//! ```
+//! use idemstore::{Store, Policy, Outcome, Begin};
+//! use std::time::Duration;
+//!
+//! # let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path())?;
+//! let inventory = store.namespace("inventory", Policy::ttl(Duration::from_secs(48 * 3600)))?;
+//! match inventory.check_and_set("order-42")? {
+//!     Outcome::First => { /* deduct stock */ }
+//!     Outcome::Duplicate(seen) => println!("skip, first seen at {}", seen.first_seen),
+//! }
+//! assert!(!inventory.check_and_set("order-42")?.is_first());
+//!
+//! // The claim lifecycle, for work that can fail.
+//! let payments = store.namespace("payments",
+//!     Policy::ttl(Duration::from_secs(3600)).lease(Duration::from_secs(30)).max_attempts(5))?;
+//! match payments.begin("tx-7")? {
+//!     Begin::Acquired(claim) => claim.complete(Some(b"receipt-1"))?,
+//!     Begin::Completed(record) => assert_eq!(record.result(), Some(&b"receipt-1"[..])),
+//!     Begin::InProgress(_) | Begin::Exhausted(_) => {}
+//! }
+//! store.close()?;
+//! # Ok::<(), idemstore::Error>(())
+//! ```
+//!
+//! See `docs/ARCHITECTURE.md` for how it works and `docs/FORMAT.md` for the bytes.
+
+mod clock;
+mod error;
+mod format;
+mod index;
+mod io;
+mod log;
+mod namespace;
+mod options;
+mod recovery;
+mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
+pub use error::{Corruption, Error};
+pub use namespace::{Begin, Claim, Namespace, Outcome, Policy, Record, Seen, Status};
+pub use options::Durability;
+pub use store::{Stats, Store, StoreBuilder};

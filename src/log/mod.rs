@@ -1,0 +1,363 @@
+//! The append-only log: segment files grouped by expiry bucket.
+//!
+//! Every record of a key goes to a bucket whose deadline is at least that of the key's
+//! previous record, so deleting a whole bucket can never bring an older state back.
+
+pub(crate) mod commit;
+pub(crate) mod reader;
+pub(crate) mod segment;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::error::Error;
+use crate::format::record::Record;
+use crate::format::segment_header::{self, SegmentHeader};
+use crate::io::Vfs;
+pub(crate) use segment::{Appended, Location, Segment, SegmentSlot};
+
+/// The segments of one expiry bucket.
+#[derive(Default)]
+pub(crate) struct Bucket {
+    pub segments: Vec<SegmentSlot>,
+    /// The segment new records of this bucket go to.
+    pub active: Option<SegmentSlot>,
+}
+
+#[derive(Default)]
+pub(crate) struct SegmentTable {
+    slots: Vec<Option<Arc<Segment>>>,
+    free: Vec<u32>,
+    pub buckets: BTreeMap<u64, Bucket>,
+}
+
+impl SegmentTable {
+    pub(crate) fn get(&self, slot: SegmentSlot) -> Option<&Arc<Segment>> {
+        self.slots.get(slot.0 as usize).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn segments(&self) -> impl Iterator<Item = &Arc<Segment>> {
+        self.slots.iter().flatten()
+    }
+
+    fn next_slot(&mut self) -> SegmentSlot {
+        match self.free.pop() {
+            Some(slot) => SegmentSlot(slot),
+            None => {
+                self.slots.push(None);
+                SegmentSlot((self.slots.len() - 1) as u32)
+            }
+        }
+    }
+
+    fn insert(&mut self, segment: Arc<Segment>, active: bool) {
+        let slot = segment.slot;
+        let bucket = self.buckets.entry(segment.deadline_ms).or_default();
+        bucket.segments.push(slot);
+        if active {
+            bucket.active = Some(slot);
+        }
+        self.slots[slot.0 as usize] = Some(segment);
+    }
+
+    fn remove(&mut self, slot: SegmentSlot) -> Option<Arc<Segment>> {
+        let segment = self.slots.get_mut(slot.0 as usize)?.take()?;
+        self.free.push(slot.0);
+        Some(segment)
+    }
+}
+
+/// What `Log::append` did.
+pub(crate) enum AppendOutcome {
+    At(Location),
+    /// The bucket's deadline has passed and the reaper retired it: recompute the
+    /// deadline with a fresh clock reading and try again.
+    Retired,
+}
+
+pub(crate) struct Log {
+    pub dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    segment_capacity: u64,
+    bucket_width_ms: u64,
+    pub table: RwLock<SegmentTable>,
+    next_lsn: AtomicU64,
+    next_seq: AtomicU64,
+    /// Buckets with a deadline at or before this are retired: no appends.
+    retired_through_ms: AtomicU64,
+    /// Segments with unsynced writes, for the commit thread.
+    dirty: Mutex<Vec<Arc<Segment>>>,
+    /// A file was created or removed since the last directory sync.
+    dir_dirty: AtomicBool,
+    /// A write or sync failed: refuse all writes.
+    poisoned: AtomicBool,
+}
+
+impl Log {
+    pub(crate) fn new(
+        dir: PathBuf,
+        vfs: Arc<dyn Vfs>,
+        segment_capacity: u64,
+        bucket_width_ms: u64,
+        next_lsn: u64,
+        next_seq: u64,
+    ) -> Log {
+        Log {
+            dir,
+            vfs,
+            segment_capacity,
+            bucket_width_ms,
+            table: RwLock::new(SegmentTable::default()),
+            next_lsn: AtomicU64::new(next_lsn),
+            next_seq: AtomicU64::new(next_seq),
+            retired_through_ms: AtomicU64::new(0),
+            dirty: Mutex::new(Vec::new()),
+            dir_dirty: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn bucket_width_ms(&self) -> u64 {
+        self.bucket_width_ms
+    }
+
+    /// The bucket deadline for a key that must be remembered until at least `until_ms`.
+    pub(crate) fn bucket_deadline(&self, until_ms: u64) -> u64 {
+        until_ms
+            .div_ceil(self.bucket_width_ms)
+            .saturating_mul(self.bucket_width_ms)
+    }
+
+    pub(crate) fn next_lsn(&self) -> u64 {
+        self.next_lsn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// Registers a segment recovered at open.
+    pub(crate) fn add_recovered(&self, make: impl FnOnce(SegmentSlot) -> Segment) {
+        let mut table = self.table.write();
+        let slot = table.next_slot();
+        let segment = Arc::new(make(slot));
+        table.insert(segment, false);
+    }
+
+    /// Sets where a recovered segment's valid records end, and trims what lies after
+    /// (a torn tail or unused preallocated space).
+    pub(crate) fn set_recovered_len(&self, slot: SegmentSlot, len: u64) {
+        let table = self.table.read();
+        if let Some(segment) = table.get(slot) {
+            segment.set_recovered_len(len);
+            if segment.file.capacity() > len {
+                if let Err(e) = segment.file.truncate(len) {
+                    tracing::warn!(file = %segment.path.display(), error = %e, "could not trim a recovered segment");
+                }
+            }
+        }
+    }
+
+    /// Sets the next lsn and segment sequence after recovery.
+    pub(crate) fn set_next(&self, lsn: u64, seq: u64) {
+        self.next_lsn.store(lsn, Ordering::Relaxed);
+        self.next_seq.store(seq, Ordering::Relaxed);
+    }
+
+    /// Appends `record` to the active segment of the bucket `deadline_ms`.
+    pub(crate) fn append(
+        &self,
+        deadline_ms: u64,
+        now_ms: u64,
+        record: &Record<'_>,
+    ) -> Result<AppendOutcome, Error> {
+        if self.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
+        loop {
+            let full_slot = {
+                let table = self.table.read();
+                if deadline_ms <= self.retired_through_ms.load(Ordering::Acquire) {
+                    return Ok(AppendOutcome::Retired);
+                }
+                let active = table.buckets.get(&deadline_ms).and_then(|b| b.active);
+                match active.and_then(|slot| table.get(slot)) {
+                    Some(segment) => match segment.append(record) {
+                        Ok(Appended::At(offset)) => {
+                            self.mark_dirty(segment);
+                            return Ok(AppendOutcome::At(Location {
+                                slot: segment.slot,
+                                offset,
+                            }));
+                        }
+                        Ok(Appended::Full) => Some(segment.slot),
+                        Err(e) => return Err(Error::io("reserving space in", &segment.path, e)),
+                    },
+                    None => None,
+                }
+            };
+            self.open_segment(deadline_ms, now_ms, full_slot)?;
+        }
+    }
+
+    fn mark_dirty(&self, segment: &Arc<Segment>) {
+        if !segment.dirty.load(Ordering::SeqCst) && !segment.dirty.swap(true, Ordering::SeqCst) {
+            self.dirty.lock().push(Arc::clone(segment));
+        }
+    }
+
+    /// Makes a new active segment for `deadline_ms`, unless another thread already
+    /// replaced `full_slot` (the active segment that was found full, if any).
+    fn open_segment(
+        &self,
+        deadline_ms: u64,
+        now_ms: u64,
+        full_slot: Option<SegmentSlot>,
+    ) -> Result<(), Error> {
+        let mut table = self.table.write();
+        if deadline_ms <= self.retired_through_ms.load(Ordering::Acquire) {
+            return Ok(()); // append() will see the retirement
+        }
+        let active = table.buckets.get(&deadline_ms).and_then(|b| b.active);
+        if active.is_some() && active != full_slot {
+            return Ok(());
+        }
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let path = self.dir.join(segment_header::file_name(deadline_ms, seq));
+        let header = SegmentHeader {
+            bucket_deadline_ms: deadline_ms,
+            segment_seq: seq,
+            created_ms: now_ms,
+            bucket_width_ms: self.bucket_width_ms,
+        };
+        let file = self
+            .vfs
+            .create_segment(&path, self.segment_capacity)
+            .map_err(|e| Error::io("creating segment", &path, e))?;
+        let allocated = match Segment::initialize(file.as_ref(), &header) {
+            Ok(allocated) => allocated,
+            Err(e) => {
+                let _ = self.vfs.remove(&path);
+                return Err(Error::io("reserving space in", &path, e));
+            }
+        };
+        self.dir_dirty.store(true, Ordering::SeqCst);
+        let slot = table.next_slot();
+        let segment = Arc::new(Segment::new_active(
+            slot,
+            seq,
+            deadline_ms,
+            path,
+            file,
+            allocated,
+        ));
+        self.dirty.lock().push(Arc::clone(&segment));
+        table.insert(segment, true);
+        tracing::debug!(deadline_ms, seq, "opened segment");
+        Ok(())
+    }
+
+    /// Calls `f` with the verified record at `location`.
+    pub(crate) fn with_record<R>(
+        &self,
+        location: Location,
+        f: impl FnOnce(&Segment, Record<'_>) -> R,
+    ) -> Result<R, Error> {
+        let table = self.table.read();
+        let Some(segment) = table.get(location.slot) else {
+            return Err(Error::corruption(
+                &self.dir,
+                u64::from(location.offset),
+                "index points to a missing segment",
+            ));
+        };
+        match segment.read(location.offset) {
+            Ok(record) => Ok(f(segment, record)),
+            Err(reason) => Err(Error::corruption(
+                &segment.path,
+                u64::from(location.offset),
+                reason,
+            )),
+        }
+    }
+
+    /// Syncs every segment with unsynced writes, and the directory if files changed.
+    pub(crate) fn sync(&self) -> Result<(), Error> {
+        if self.dir_dirty.swap(false, Ordering::SeqCst) {
+            if let Err(e) = self.vfs.sync_dir(&self.dir) {
+                self.dir_dirty.store(true, Ordering::SeqCst);
+                return Err(Error::io("syncing directory", &self.dir, e));
+            }
+        }
+        let dirty = std::mem::take(&mut *self.dirty.lock());
+        for segment in &dirty {
+            if let Err(e) = segment.sync() {
+                return Err(Error::io("syncing segment", &segment.path, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Retires every bucket whose deadline is at or before `now_ms`: no more appends
+    /// go to them. Returns their segments, for the reaper to unindex and delete.
+    pub(crate) fn retire_through(&self, now_ms: u64) -> Vec<Arc<Segment>> {
+        let mut table = self.table.write();
+        self.retired_through_ms.fetch_max(now_ms, Ordering::AcqRel);
+        let expired: Vec<u64> = table
+            .buckets
+            .range(..=now_ms)
+            .map(|(&deadline, _)| deadline)
+            .collect();
+        let mut segments = Vec::new();
+        for deadline in expired {
+            if let Some(bucket) = table.buckets.remove(&deadline) {
+                for slot in bucket.segments {
+                    if let Some(segment) = table.get(slot) {
+                        segment.seal();
+                        segments.push(Arc::clone(segment));
+                    }
+                }
+            }
+        }
+        segments
+    }
+
+    /// Drops a retired segment whose records are no longer indexed, and deletes its file.
+    pub(crate) fn delete_segment(&self, segment: &Segment) -> Result<(), Error> {
+        self.table.write().remove(segment.slot);
+        self.dir_dirty.store(true, Ordering::SeqCst);
+        match self.vfs.remove(&segment.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("deleting expired segment", &segment.path, e)),
+        }
+    }
+
+    /// Seals every segment and trims the unused preallocated tails (at close).
+    pub(crate) fn seal_all(&self) -> Result<(), Error> {
+        let table = self.table.read();
+        for segment in table.segments() {
+            segment.seal();
+            let published = segment.published();
+            if segment.file.capacity() > published {
+                segment
+                    .file
+                    .truncate(published)
+                    .map_err(|e| Error::io("trimming segment", &segment.path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

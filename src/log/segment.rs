@@ -1,0 +1,220 @@
+//! One segment file: a header, then records appended under one lock.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::format::record::{self, Record};
+use crate::format::segment_header;
+use crate::io::SegmentFile;
+
+/// Index of a segment in the segment table (what index entries store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SegmentSlot(pub u32);
+
+/// Where a record lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    pub slot: SegmentSlot,
+    pub offset: u32,
+}
+
+/// Smallest and largest step of disk preallocation.
+const ALLOCATE_STEP_MIN: u64 = 64 * 1024;
+const ALLOCATE_STEP_MAX: u64 = 4 << 20;
+
+pub(crate) struct Segment {
+    pub slot: SegmentSlot,
+    pub seq: u64,
+    pub deadline_ms: u64,
+    pub path: PathBuf,
+    pub file: Arc<dyn SegmentFile>,
+    append: Mutex<AppendState>,
+    /// Bytes from the start of the file that hold complete records; advanced with
+    /// `Release` after each record is written.
+    published: AtomicU64,
+    /// Published bytes that the last sync made durable.
+    durable: AtomicU64,
+    /// Set when the segment has writes the commit thread has not synced yet.
+    pub(crate) dirty: AtomicBool,
+}
+
+struct AppendState {
+    /// Bytes reserved on disk with `allocate`.
+    allocated: u64,
+    /// No more appends (full, or its bucket is retired, or recovered from disk).
+    sealed: bool,
+}
+
+/// What an append did.
+pub(crate) enum Appended {
+    At(u32),
+    /// The segment cannot take this record; open a new one.
+    Full,
+}
+
+impl Segment {
+    /// A new, empty segment whose header is already written to `file`.
+    pub(crate) fn new_active(
+        slot: SegmentSlot,
+        seq: u64,
+        deadline_ms: u64,
+        path: PathBuf,
+        file: Arc<dyn SegmentFile>,
+        allocated: u64,
+    ) -> Segment {
+        Segment {
+            slot,
+            seq,
+            deadline_ms,
+            path,
+            file,
+            append: Mutex::new(AppendState {
+                allocated,
+                sealed: false,
+            }),
+            published: AtomicU64::new(segment_header::LEN as u64),
+            durable: AtomicU64::new(0),
+            dirty: AtomicBool::new(true),
+        }
+    }
+
+    /// A segment recovered from disk: sealed, its valid records durable.
+    pub(crate) fn recovered(
+        slot: SegmentSlot,
+        seq: u64,
+        deadline_ms: u64,
+        path: PathBuf,
+        file: Arc<dyn SegmentFile>,
+        valid_len: u64,
+    ) -> Segment {
+        Segment {
+            slot,
+            seq,
+            deadline_ms,
+            path,
+            file,
+            append: Mutex::new(AppendState {
+                allocated: valid_len,
+                sealed: true,
+            }),
+            published: AtomicU64::new(valid_len),
+            durable: AtomicU64::new(valid_len),
+            dirty: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes the header of a new segment file and reserves its first blocks.
+    pub(crate) fn initialize(
+        file: &dyn SegmentFile,
+        header: &segment_header::SegmentHeader,
+    ) -> io::Result<u64> {
+        let first = ALLOCATE_STEP_MIN.min(file.capacity());
+        file.allocate(0, first)?;
+        let bytes = header.encode();
+        file.write_with(0, bytes.len(), &mut |out| out.copy_from_slice(&bytes));
+        Ok(first)
+    }
+
+    pub(crate) fn published(&self) -> u64 {
+        self.published.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// Whether the record at `offset` is covered by a completed sync.
+    pub(crate) fn is_durable(&self, offset: u32) -> bool {
+        u64::from(offset) < self.durable()
+    }
+
+    /// Appends `record`; returns its offset, or `Full` if it does not fit (or the
+    /// segment is sealed). An error means the disk refused to reserve space: nothing
+    /// was written.
+    pub(crate) fn append(&self, record: &Record<'_>) -> io::Result<Appended> {
+        let len = record.encoded_len() as u64;
+        let mut state = self.append.lock();
+        if state.sealed {
+            return Ok(Appended::Full);
+        }
+        let offset = self.published.load(Ordering::Relaxed);
+        let end = offset + len;
+        if end > self.file.capacity() {
+            state.sealed = true;
+            return Ok(Appended::Full);
+        }
+        if end > state.allocated {
+            let step = (state.allocated.max(ALLOCATE_STEP_MIN))
+                .clamp(ALLOCATE_STEP_MIN, ALLOCATE_STEP_MAX);
+            let new_allocated = (state.allocated + step).max(end).min(self.file.capacity());
+            self.file
+                .allocate(state.allocated, new_allocated - state.allocated)?;
+            state.allocated = new_allocated;
+        }
+        self.file
+            .write_with(offset, len as usize, &mut |out| record.encode_into(out));
+        debug_assert!(record::decode(self.file.read(offset, len as usize)).is_ok());
+        self.published.store(end, Ordering::SeqCst);
+        drop(state);
+        // Offsets fit in u32: capacity is at most SEGMENT_SIZE_BYTES_MAX.
+        Ok(Appended::At(offset as u32))
+    }
+
+    /// Stops appends to this segment (its bucket is retired or it is being closed).
+    pub(crate) fn seal(&self) {
+        self.append.lock().sealed = true;
+    }
+
+    /// Bytes reserved on disk for this segment.
+    pub(crate) fn allocated(&self) -> u64 {
+        self.append.lock().allocated
+    }
+
+    /// Makes every published record durable. Called by the commit thread only.
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        self.dirty.store(false, Ordering::SeqCst);
+        let published = self.published.load(Ordering::SeqCst);
+        self.file.sync_data()?;
+        self.durable.fetch_max(published, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The verified record at `offset`; an error if it fails its checksum.
+    pub(crate) fn read(&self, offset: u32) -> Result<Record<'_>, &'static str> {
+        let published = self.published();
+        let offset = u64::from(offset);
+        if offset + record::HEADER_LEN as u64 > published {
+            return Err("record offset beyond the published log");
+        }
+        let header_bytes = self.file.read(offset, record::HEADER_LEN);
+        let header =
+            record::Header::decode(header_bytes).map_err(|_| "record header is damaged")?;
+        let len = header.record_len() as u64;
+        if offset + len > published {
+            return Err("record runs past the published log");
+        }
+        let bytes = self.file.read(offset, len as usize);
+        match record::decode(bytes) {
+            Ok((record, _)) => Ok(record),
+            Err(_) => Err("record failed its checksum"),
+        }
+    }
+
+    /// Sets the valid length of a recovered (sealed) segment.
+    pub(crate) fn set_recovered_len(&self, len: u64) {
+        let mut state = self.append.lock();
+        debug_assert!(state.sealed);
+        state.allocated = len;
+        self.published.store(len, Ordering::SeqCst);
+        self.durable.store(len, Ordering::SeqCst);
+    }
+
+    /// Whether `published` moved past what is durable.
+    pub(crate) fn needs_sync(&self) -> bool {
+        self.published() > self.durable()
+    }
+}

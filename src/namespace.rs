@@ -1,0 +1,321 @@
+//! The public face of one business type: [`Namespace`], its [`Policy`], and the
+//! answers and claims its operations return.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{UnixMs, duration_ms_ceil};
+use crate::error::Error;
+use crate::store::Inner;
+
+/// A namespace's defaults: how long keys are remembered, how long a claim's lease
+/// lasts, and how many acquisitions a key gets before it is exhausted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) max_attempts: u32,
+}
+
+impl Policy {
+    /// Keys are remembered for at least `ttl` (and at most `ttl` + one bucket width).
+    /// The lease defaults to 30 s and attempts are unlimited.
+    pub fn ttl(ttl: Duration) -> Policy {
+        Policy {
+            ttl,
+            lease: Duration::from_secs(30),
+            max_attempts: u32::MAX,
+        }
+    }
+
+    /// How long an acquired claim is held before another worker may take the key.
+    pub fn lease(self, lease: Duration) -> Policy {
+        Policy { lease, ..self }
+    }
+
+    /// After this many acquisitions that did not complete, `begin` answers
+    /// [`Begin::Exhausted`] (the dead-letter signal). At least 1.
+    pub fn max_attempts(self, max_attempts: u32) -> Policy {
+        Policy {
+            max_attempts,
+            ..self
+        }
+    }
+
+    /// The retention.
+    pub fn retention(&self) -> Duration {
+        self.ttl
+    }
+
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        duration_ms_ceil(self.ttl)
+    }
+
+    pub(crate) fn lease_ms(&self) -> u64 {
+        duration_ms_ceil(self.lease)
+    }
+}
+
+/// The answer of [`Namespace::check_and_set`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome {
+    /// The first time within the retention: process the message.
+    First,
+    /// Seen before: skip it.
+    Duplicate(Seen),
+}
+
+impl Outcome {
+    /// `true` for [`Outcome::First`].
+    pub fn is_first(&self) -> bool {
+        matches!(self, Outcome::First)
+    }
+}
+
+/// When a duplicate key was first seen and when it will be forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// When the key was first seen.
+    pub first_seen: UnixMs,
+    /// When the key will be forgotten (bucket deadline).
+    pub expires_at: UnixMs,
+}
+
+/// The lifecycle status of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Status {
+    /// Marked by `check_and_set`.
+    Seen,
+    /// A claim holds (or held, if its lease ran out) the key.
+    InProgress,
+    /// The last claim was released: a later `begin` may acquire it again.
+    Released,
+    /// Processed; a result may be stored.
+    Completed,
+    /// Failed for good: `begin` answers `Exhausted`.
+    Failed,
+}
+
+impl Status {
+    /// A lowercase name (`"seen"`, `"in_progress"`, …).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Status::Seen => "seen",
+            Status::InProgress => "in_progress",
+            Status::Released => "released",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+/// The consumption record of one key (what [`Namespace::get`] returns, and what
+/// [`Begin`] carries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The key's status.
+    pub status: Status,
+    /// When the key was first seen in this retention.
+    pub first_seen: UnixMs,
+    /// When the key will be forgotten.
+    pub expires_at: UnixMs,
+    /// How many times a claim acquired the key.
+    pub attempts: u32,
+    /// Until when the current claim holds the key (in progress only).
+    pub lease_until: Option<UnixMs>,
+    /// When the key was completed.
+    pub completed_at: Option<UnixMs>,
+    /// The result stored by `Claim::complete`.
+    pub result: Option<Vec<u8>>,
+}
+
+impl Record {
+    /// The stored result, if any.
+    pub fn result(&self) -> Option<&[u8]> {
+        self.result.as_deref()
+    }
+}
+
+/// The answer of [`Namespace::begin`].
+#[derive(Debug)]
+#[must_use]
+pub enum Begin {
+    /// This caller holds the key: do the work, then `complete`, `release` or `fail`.
+    Acquired(Claim),
+    /// Another worker holds a live lease on the key: retry later.
+    InProgress(Record),
+    /// Already done: replay `record.result()`.
+    Completed(Record),
+    /// `max_attempts` acquisitions did not complete, or a claim failed: dead-letter it.
+    Exhausted(Record),
+}
+
+/// A namespace handle: cheap to clone, safe to share across threads.
+#[derive(Clone)]
+pub struct Namespace {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) id: u32,
+    pub(crate) name: Arc<str>,
+    pub(crate) policy: Policy,
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl Namespace {
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The namespace's policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// A handle to the same namespace whose operations use `ttl` instead of the
+    /// policy's (the per-call ttl override): `ns.with_ttl(d).check_and_set(id)`.
+    pub fn with_ttl(&self, ttl: Duration) -> Result<Namespace, Error> {
+        let policy = Policy { ttl, ..self.policy };
+        self.inner.validate_policy(&policy)?;
+        Ok(Namespace {
+            policy,
+            ..self.clone()
+        })
+    }
+
+    /// `First` if `id` was not seen within its retention (and marks it), else
+    /// `Duplicate`. The drop-in for Redis `SET key 1 NX EX ttl`.
+    pub fn check_and_set(&self, id: impl AsRef<[u8]>) -> Result<Outcome, Error> {
+        self.inner.check_and_set(self, id.as_ref())
+    }
+
+    /// `check_and_set` for a polled batch, with one durability wait for the batch.
+    /// Outcomes are in the order of `ids`; a repeated id is `Duplicate` after its first.
+    pub fn check_and_set_many<I: AsRef<[u8]>>(&self, ids: &[I]) -> Result<Vec<Outcome>, Error> {
+        self.inner.check_and_set_many(self, ids)
+    }
+
+    /// Starts processing `id`: acquires a claim unless the key is done, held by a live
+    /// lease, or exhausted.
+    pub fn begin(&self, id: impl AsRef<[u8]>) -> Result<Begin, Error> {
+        self.inner.begin(self, id.as_ref(), None)
+    }
+
+    /// `begin`, also recording a fingerprint of `payload`: if the key was recorded with
+    /// a different payload, the answer is `Error::PayloadMismatch`.
+    pub fn begin_with_payload(&self, id: impl AsRef<[u8]>, payload: &[u8]) -> Result<Begin, Error> {
+        let fingerprint = xxhash_rust::xxh3::xxh3_64(payload);
+        self.inner.begin(self, id.as_ref(), Some(fingerprint))
+    }
+
+    /// The consumption record of `id`, or `None` if it is not remembered.
+    pub fn get(&self, id: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
+        self.inner.get(self, id.as_ref())
+    }
+
+    /// Forgets `id`; `true` if it was remembered.
+    pub fn remove(&self, id: impl AsRef<[u8]>) -> Result<bool, Error> {
+        self.inner.remove(self, id.as_ref())
+    }
+}
+
+/// A held claim on one key. Resolve it with [`complete`](Claim::complete),
+/// [`release`](Claim::release) or [`fail`](Claim::fail); dropping it unresolved
+/// releases it (so a panic or early return lets a retry run it again).
+#[must_use = "an unresolved claim is released when dropped"]
+pub struct Claim {
+    pub(crate) namespace: Namespace,
+    pub(crate) id: Vec<u8>,
+    pub(crate) attempt: u32,
+    pub(crate) lease_until: UnixMs,
+    pub(crate) resolved: bool,
+}
+
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim")
+            .field("namespace", &self.namespace.name)
+            .field("id", &String::from_utf8_lossy(&self.id))
+            .field("attempt", &self.attempt)
+            .field("lease_until", &self.lease_until)
+            .finish()
+    }
+}
+
+/// How a claim is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resolution<'a> {
+    Complete(Option<&'a [u8]>),
+    Release,
+    Fail,
+    Extend(u64),
+}
+
+impl Claim {
+    /// The id this claim holds.
+    pub fn id(&self) -> &[u8] {
+        &self.id
+    }
+
+    /// Which acquisition this is (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Until when the lease holds.
+    pub fn lease_until(&self) -> UnixMs {
+        self.lease_until
+    }
+
+    /// Marks the key done, storing `result` for later `begin`s to replay; the key is
+    /// then remembered for the ttl, counted from now.
+    pub fn complete(mut self, result: Option<&[u8]>) -> Result<(), Error> {
+        self.resolved = true;
+        self.resolve(Resolution::Complete(result)).map(|_| ())
+    }
+
+    /// Gives the key back: a later `begin` may acquire it (and counts an attempt).
+    pub fn release(mut self) -> Result<(), Error> {
+        self.resolved = true;
+        self.resolve(Resolution::Release).map(|_| ())
+    }
+
+    /// Marks the key failed for good: later `begin`s answer `Exhausted`.
+    pub fn fail(mut self) -> Result<(), Error> {
+        self.resolved = true;
+        self.resolve(Resolution::Fail).map(|_| ())
+    }
+
+    /// Extends the lease to `lease` from now.
+    pub fn extend(&mut self, lease: Duration) -> Result<(), Error> {
+        let lease_ms = duration_ms_ceil(lease);
+        let until = self.resolve(Resolution::Extend(lease_ms))?;
+        self.lease_until = until;
+        Ok(())
+    }
+
+    fn resolve(&self, how: Resolution<'_>) -> Result<UnixMs, Error> {
+        self.namespace
+            .inner
+            .resolve(&self.namespace, &self.id, self.attempt, how)
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.resolved {
+            if let Err(e) = self.resolve(Resolution::Release) {
+                tracing::warn!(error = %e, "releasing a dropped claim failed; its lease will run out instead");
+            }
+        }
+    }
+}

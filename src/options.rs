@@ -1,0 +1,144 @@
+//! Store options and their limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::Error;
+
+/// How much of an acknowledged operation survives a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Survives process crash, OS crash and power loss: calls return only after
+    /// `fdatasync`. Concurrent callers share one fsync (group commit).
+    Immediate,
+    /// Survives a process crash (kill -9) always; an OS crash or power loss loses at
+    /// most the last interval. A background thread syncs every interval.
+    Interval(Duration),
+    /// Nothing is promised after a crash. For tests and caches.
+    None,
+}
+
+impl Default for Durability {
+    fn default() -> Durability {
+        Durability::Interval(Duration::from_millis(100))
+    }
+}
+
+/// Limits that hold for every store.
+pub(crate) mod limits {
+    /// Longest namespace name, in bytes.
+    pub const NAMESPACE_LEN_MAX: usize = 64;
+    /// Largest configurable `max_key_len` (ids are framed with a `u16` length).
+    pub const KEY_LEN_MAX: usize = u16::MAX as usize;
+    /// Largest configurable `max_result_len`.
+    pub const RESULT_LEN_MAX: usize = 1 << 20;
+    /// Most namespaces one store can hold.
+    pub const NAMESPACES_MAX: usize = 1 << 16;
+    /// Most shards.
+    pub const SHARDS_MAX: usize = 1 << 16;
+    /// Smallest and largest segment size (offsets in the index are `u32`).
+    pub const SEGMENT_SIZE_BYTES_MIN: u64 = 64 * 1024;
+    pub const SEGMENT_SIZE_BYTES_MAX: u64 = 1 << 31;
+    /// Smallest bucket width and ttl.
+    pub const BUCKET_WIDTH_MS_MIN: u64 = 1_000;
+    pub const TTL_MS_MIN: u64 = 1_000;
+    /// Largest `max_ttl`: 100 years.
+    pub const TTL_MS_MAX: u64 = 100 * 366 * 24 * 3600 * 1000;
+    /// Most ids in one `check_and_set_many` call.
+    pub const BATCH_LEN_MAX: usize = 1 << 16;
+
+    const _: () = assert!(SEGMENT_SIZE_BYTES_MAX <= u32::MAX as u64);
+    const _: () = assert!(SEGMENT_SIZE_BYTES_MIN < SEGMENT_SIZE_BYTES_MAX);
+    const _: () =
+        assert!(KEY_LEN_MAX + RESULT_LEN_MAX + 128 < SEGMENT_SIZE_BYTES_MIN as usize * 32);
+    const _: () = assert!(NAMESPACE_LEN_MAX <= u8::MAX as usize);
+}
+
+/// The options a store was opened with.
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub durability: Durability,
+    pub bucket_width_ms: u64,
+    pub shards: usize,
+    pub max_key_len: usize,
+    pub max_result_len: usize,
+    pub max_ttl_ms: u64,
+    pub segment_size_bytes_max: u64,
+    pub strict: bool,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            durability: Durability::default(),
+            bucket_width_ms: 60_000,
+            shards: 64,
+            max_key_len: 1024,
+            max_result_len: 4096,
+            max_ttl_ms: 400 * 24 * 3600 * 1000,
+            segment_size_bytes_max: 64 << 20,
+            strict: false,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl Options {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        if let Durability::Interval(d) = self.durability {
+            if d.is_zero() || d > Duration::from_secs(3600) {
+                return Err(Error::invalid_option(format!(
+                    "Durability::Interval({d:?}): the interval must be between 1 ms and 1 hour"
+                )));
+            }
+        }
+        if self.bucket_width_ms < limits::BUCKET_WIDTH_MS_MIN
+            || self.bucket_width_ms > 24 * 3600 * 1000
+        {
+            return Err(Error::invalid_option(format!(
+                "bucket_width of {} ms: it must be between 1 s and 1 day",
+                self.bucket_width_ms
+            )));
+        }
+        if !self.shards.is_power_of_two() || self.shards > limits::SHARDS_MAX {
+            return Err(Error::invalid_option(format!(
+                "shards = {}: it must be a power of two from 1 to {}",
+                self.shards,
+                limits::SHARDS_MAX
+            )));
+        }
+        if self.max_key_len == 0 || self.max_key_len > limits::KEY_LEN_MAX {
+            return Err(Error::invalid_option(format!(
+                "max_key_len = {}: it must be from 1 to {}",
+                self.max_key_len,
+                limits::KEY_LEN_MAX
+            )));
+        }
+        if self.max_result_len > limits::RESULT_LEN_MAX {
+            return Err(Error::invalid_option(format!(
+                "max_result_len = {}: it must be at most {}",
+                self.max_result_len,
+                limits::RESULT_LEN_MAX
+            )));
+        }
+        if self.max_ttl_ms < limits::TTL_MS_MIN || self.max_ttl_ms > limits::TTL_MS_MAX {
+            return Err(Error::invalid_option(format!(
+                "max_ttl of {} ms: it must be between 1 s and 100 years",
+                self.max_ttl_ms
+            )));
+        }
+        if self.segment_size_bytes_max < limits::SEGMENT_SIZE_BYTES_MIN
+            || self.segment_size_bytes_max > limits::SEGMENT_SIZE_BYTES_MAX
+        {
+            return Err(Error::invalid_option(format!(
+                "segment_size of {} bytes: it must be between {} and {}",
+                self.segment_size_bytes_max,
+                limits::SEGMENT_SIZE_BYTES_MIN,
+                limits::SEGMENT_SIZE_BYTES_MAX
+            )));
+        }
+        Ok(())
+    }
+}
