@@ -30,7 +30,7 @@ impl fmt::Display for UnixMs {
 /// A duration in whole milliseconds, rounded up (retention is never shortened).
 pub(crate) fn duration_ms_ceil(d: Duration) -> u64 {
     let ms = d.as_millis();
-    let ceil = if d.as_nanos() % 1_000_000 == 0 {
+    let ceil = if d.as_nanos().is_multiple_of(1_000_000) {
         ms
     } else {
         ms + 1

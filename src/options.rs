@@ -87,12 +87,12 @@ impl Default for Options {
 
 impl Options {
     pub(crate) fn validate(&self) -> Result<(), Error> {
-        if let Durability::Interval(d) = self.durability {
-            if d.is_zero() || d > Duration::from_secs(3600) {
-                return Err(Error::invalid_option(format!(
-                    "Durability::Interval({d:?}): the interval must be between 1 ms and 1 hour"
-                )));
-            }
+        if let Durability::Interval(d) = self.durability
+            && (d.is_zero() || d > Duration::from_secs(3600))
+        {
+            return Err(Error::invalid_option(format!(
+                "Durability::Interval({d:?}): the interval must be between 1 ms and 1 hour"
+            )));
         }
         if self.bucket_width_ms < limits::BUCKET_WIDTH_MS_MIN
             || self.bucket_width_ms > 24 * 3600 * 1000

@@ -199,7 +199,8 @@ impl Record<'_> {
         out[CHECKSUM_OFFSET..KIND_OFFSET].copy_from_slice(&checksum.to_le_bytes());
     }
 
-    /// Encodes into a new vector (for tests and cold paths).
+    /// Encodes into a new vector (for tests).
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.encoded_len()];
         self.encode_into(&mut out);

@@ -146,17 +146,9 @@ impl Shard {
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.table.len()
-    }
-
     /// Memory held by the table, in bytes.
     pub(crate) fn allocation_size(&self) -> usize {
         self.table.allocation_size()
-    }
-
-    pub(crate) fn entries(&self) -> impl Iterator<Item = Location> + '_ {
-        self.table.iter().map(Entry::location)
     }
 }
 

@@ -37,7 +37,6 @@ pub(crate) trait Vfs: Send + Sync + 'static {
 
 /// A small file written by appends (the namespace table).
 pub(crate) trait AppendFile: Send + Sync {
-    fn len(&self) -> io::Result<u64>;
     fn set_len(&self, len: u64) -> io::Result<()>;
     fn write_at(&self, offset: u64, bytes: &[u8]) -> io::Result<()>;
     fn sync_data(&self) -> io::Result<()>;

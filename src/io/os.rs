@@ -96,9 +96,6 @@ struct OsAppendFile {
 }
 
 impl AppendFile for OsAppendFile {
-    fn len(&self) -> io::Result<u64> {
-        Ok(self.file.metadata()?.len())
-    }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
     }

@@ -121,10 +121,6 @@ impl Log {
         }
     }
 
-    pub(crate) fn bucket_width_ms(&self) -> u64 {
-        self.bucket_width_ms
-    }
-
     /// The bucket deadline for a key that must be remembered until at least `until_ms`.
     pub(crate) fn bucket_deadline(&self, until_ms: u64) -> u64 {
         until_ms
@@ -158,10 +154,10 @@ impl Log {
         let table = self.table.read();
         if let Some(segment) = table.get(slot) {
             segment.set_recovered_len(len);
-            if segment.file.capacity() > len {
-                if let Err(e) = segment.file.truncate(len) {
-                    tracing::warn!(file = %segment.path.display(), error = %e, "could not trim a recovered segment");
-                }
+            if segment.file.capacity() > len
+                && let Err(e) = segment.file.truncate(len)
+            {
+                tracing::warn!(file = %segment.path.display(), error = %e, "could not trim a recovered segment");
             }
         }
     }
@@ -291,11 +287,11 @@ impl Log {
 
     /// Syncs every segment with unsynced writes, and the directory if files changed.
     pub(crate) fn sync(&self) -> Result<(), Error> {
-        if self.dir_dirty.swap(false, Ordering::SeqCst) {
-            if let Err(e) = self.vfs.sync_dir(&self.dir) {
-                self.dir_dirty.store(true, Ordering::SeqCst);
-                return Err(Error::io("syncing directory", &self.dir, e));
-            }
+        if self.dir_dirty.swap(false, Ordering::SeqCst)
+            && let Err(e) = self.vfs.sync_dir(&self.dir)
+        {
+            self.dir_dirty.store(true, Ordering::SeqCst);
+            return Err(Error::io("syncing directory", &self.dir, e));
         }
         let dirty = std::mem::take(&mut *self.dirty.lock());
         for segment in &dirty {
@@ -333,6 +329,11 @@ impl Log {
     /// Drops a retired segment whose records are no longer indexed, and deletes its file.
     pub(crate) fn delete_segment(&self, segment: &Segment) -> Result<(), Error> {
         self.table.write().remove(segment.slot);
+        tracing::debug!(
+            seq = segment.seq,
+            deadline_ms = segment.deadline_ms,
+            "deleting expired segment"
+        );
         self.dir_dirty.store(true, Ordering::SeqCst);
         match self.vfs.remove(&segment.path) {
             Ok(()) => Ok(()),

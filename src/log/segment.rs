@@ -212,9 +212,4 @@ impl Segment {
         self.published.store(len, Ordering::SeqCst);
         self.durable.store(len, Ordering::SeqCst);
     }
-
-    /// Whether `published` moved past what is durable.
-    pub(crate) fn needs_sync(&self) -> bool {
-        self.published() > self.durable()
-    }
 }
