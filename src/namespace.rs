@@ -236,6 +236,10 @@ pub struct Claim {
     pub(crate) namespace: Namespace,
     pub(crate) id: Vec<u8>,
     pub(crate) attempt: u32,
+    /// The lsn of the record this claim last wrote: any other write to the key since
+    /// (a re-acquisition after the lease ran out or the key expired, a remove) means
+    /// the claim is lost, even if the new acquisition has the same attempt number.
+    pub(crate) lsn: u64,
     pub(crate) lease_until: UnixMs,
     pub(crate) resolved: bool,
 }
@@ -279,8 +283,10 @@ impl Claim {
     /// Marks the key done, storing `result` for later `begin`s to replay; the key is
     /// then remembered for the ttl, counted from now.
     pub fn complete(mut self, result: Option<&[u8]>) -> Result<(), Error> {
-        self.resolved = true;
-        self.resolve(Resolution::Complete(result)).map(|_| ())
+        let completed = self.resolve(Resolution::Complete(result));
+        // A refused result leaves the key untouched: dropping the claim releases it.
+        self.resolved = !matches!(completed, Err(Error::ResultTooLarge { .. }));
+        completed.map(|_| ())
     }
 
     /// Gives the key back: a later `begin` may acquire it (and counts an attempt).
@@ -298,15 +304,16 @@ impl Claim {
     /// Extends the lease to `lease` from now.
     pub fn extend(&mut self, lease: Duration) -> Result<(), Error> {
         let lease_ms = duration_ms_ceil(lease);
-        let until = self.resolve(Resolution::Extend(lease_ms))?;
+        let (until, lsn) = self.resolve(Resolution::Extend(lease_ms))?;
         self.lease_until = until;
+        self.lsn = lsn;
         Ok(())
     }
 
-    fn resolve(&self, how: Resolution<'_>) -> Result<UnixMs, Error> {
+    fn resolve(&self, how: Resolution<'_>) -> Result<(UnixMs, u64), Error> {
         self.namespace
             .inner
-            .resolve(&self.namespace, &self.id, self.attempt, how)
+            .resolve(&self.namespace, &self.id, self.attempt, self.lsn, how)
     }
 }
 

@@ -185,6 +185,9 @@ pub(crate) struct Inner {
     reaper: Arc<Reaper>,
     expired_buckets: AtomicU64,
     expired_keys: AtomicU64,
+    /// Held while reaping, so `expire_now` returns only after every bucket retired
+    /// before it (possibly by the background reaper) is unindexed.
+    reaping: Mutex<()>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     lock: Mutex<Option<DirLock>>,
 }
@@ -197,6 +200,8 @@ struct Current {
     first_seen_ms: u64,
     deadline_ms: u64,
     claim: ClaimFields,
+    /// The lsn of the key's newest record: identifies the acquisition a claim holds.
+    lsn: u64,
     durable: bool,
 }
 
@@ -264,6 +269,7 @@ impl Store {
             }),
             expired_buckets: AtomicU64::new(0),
             expired_keys: AtomicU64::new(0),
+            reaping: Mutex::new(()),
             threads: Mutex::new(Vec::new()),
             lock: Mutex::new(Some(lock)),
             options,
@@ -447,12 +453,8 @@ impl Inner {
 
     pub(crate) fn validate_policy(&self, policy: &Policy) -> Result<(), Error> {
         self.validate_duration_ms(policy.ttl)?;
-        if policy.lease.is_zero() || duration_ms_ceil(policy.lease) > self.options.max_ttl_ms {
-            return Err(Error::InvalidTtl {
-                ttl: policy.lease,
-                max: Duration::from_millis(self.options.max_ttl_ms),
-            });
-        }
+        // A lease has the same bounds as a ttl: 1 s to max_ttl.
+        self.validate_duration_ms(policy.lease)?;
         if policy.max_attempts == 0 {
             return Err(Error::invalid_option(
                 "max_attempts = 0: it must be at least 1",
@@ -511,6 +513,7 @@ impl Inner {
                     first_seen_ms: record.first_seen_ms,
                     deadline_ms: segment.deadline_ms,
                     claim: record.claim,
+                    lsn: record.lsn,
                     durable: segment.is_durable(location.offset),
                 })
             });
@@ -768,6 +771,7 @@ impl Inner {
                     namespace: namespace.clone(),
                     id: id.to_vec(),
                     attempt,
+                    lsn: record.lsn,
                     lease_until: UnixMs(lease_until_ms),
                     resolved: false,
                 };
@@ -780,15 +784,16 @@ impl Inner {
         }
     }
 
-    /// Completes, releases, fails or extends the claim `attempt` on `id`; returns the
-    /// lease deadline (for extend).
+    /// Completes, releases, fails or extends the claim `attempt` on `id` whose last
+    /// record has `lsn`; returns the lease deadline (for extend) and the new record's lsn.
     pub(crate) fn resolve(
         &self,
         namespace: &Namespace,
         id: &[u8],
         attempt: u32,
+        lsn: u64,
         how: Resolution<'_>,
-    ) -> Result<UnixMs, Error> {
+    ) -> Result<(UnixMs, u64), Error> {
         self.check_open()?;
         if let Resolution::Complete(Some(result)) = how {
             if result.len() > self.options.max_result_len {
@@ -799,7 +804,7 @@ impl Inner {
             }
         }
         if let Resolution::Extend(lease_ms) = how {
-            if lease_ms == 0 || lease_ms > self.options.max_ttl_ms {
+            if lease_ms < limits::TTL_MS_MIN || lease_ms > self.options.max_ttl_ms {
                 return Err(Error::InvalidTtl {
                     ttl: Duration::from_millis(lease_ms),
                     max: Duration::from_millis(self.options.max_ttl_ms),
@@ -812,7 +817,10 @@ impl Inner {
             let mut shard = self.index.lock(hash);
             let current = self.find(&shard, hash, namespace.id, id)?;
             let Some(c) = current.filter(|c| {
-                c.is_live(now_ms) && c.state == State::InProgress && c.claim.attempts == attempt
+                c.is_live(now_ms)
+                    && c.state == State::InProgress
+                    && c.claim.attempts == attempt
+                    && c.lsn == lsn
             }) else {
                 return Err(Error::ClaimLost);
             };
@@ -853,7 +861,7 @@ impl Inner {
                 if self.immediate() {
                     self.committer.wait_durable()?;
                 }
-                return Ok(UnixMs(claim.lease_until_ms));
+                return Ok((UnixMs(claim.lease_until_ms), record.lsn));
             }
         }
     }
@@ -908,6 +916,7 @@ impl Inner {
     /// Expires every bucket whose deadline has passed: unindexes its keys (walking the
     /// bucket's own records) and deletes its files. Returns the keys forgotten.
     fn reap(&self) -> Result<u64, Error> {
+        let _reaping = self.reaping.lock();
         let now_ms = self.time.now().0;
         let segments = self.log.retire_through(now_ms);
         if segments.is_empty() {
