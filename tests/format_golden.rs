@@ -1,0 +1,270 @@
+//! Guards on-disk format version 1 with a golden store directory committed under
+//! `tests/fixtures/format_v1/` (`NAMESPACES` and the segment files; never `LOCK`).
+//!
+//! The fixture was written by `golden_writer_reproduces_the_fixture` below, run once
+//! with `IDEMSTORE_WRITE_GOLDEN=1`: a store under a manual clock fixed at
+//! 1 700 000 000 000 ms holding two marks, a completed claim with a result, a released
+//! claim with a payload fingerprint, a failed claim, a removed key, and a mark in a
+//! second namespace. Without the variable the same test regenerates the directory in a
+//! temp dir and requires it to be byte-for-byte the fixture, so a change to what the
+//! writer puts on disk cannot slip in unnoticed. The reader test copies the fixture,
+//! opens it at the same epoch and checks every key's exact `Record`, and pins the raw
+//! bytes of the segment header and of the first record.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idemstore::{Begin, Durability, Error, ManualClock, Policy, Record, Status, Store, UnixMs};
+
+const EPOCH_MS: u64 = 1_700_000_000_000;
+const TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+const OTHER_TTL: Duration = Duration::from_secs(24 * 3600);
+/// ceil((EPOCH + 30 days) / 1 min) * 1 min: the bucket of every key of "golden".
+const DEADLINE_MS: u64 = 1_702_592_040_000;
+/// ceil((EPOCH + 10 s + 1 day) / 1 min) * 1 min: the bucket of "other".
+const OTHER_DEADLINE_MS: u64 = 1_700_086_440_000;
+const SEGMENT: &str = "0000018c6a64cc40-0000000000000001.seg";
+const OTHER_SEGMENT: &str = "0000018bd50c6040-0000000000000002.seg";
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format_v1")
+}
+
+fn policy() -> Policy {
+    Policy::ttl(TTL)
+        .lease(Duration::from_secs(30))
+        .max_attempts(3)
+}
+
+fn at(seconds: u64) -> UnixMs {
+    UnixMs(EPOCH_MS + seconds * 1000)
+}
+
+/// Writes the golden store into `dir`, one operation per second of manual clock.
+fn write_golden(dir: &Path) {
+    let clock = ManualClock::new(UnixMs(EPOCH_MS));
+    let tick = || clock.advance(Duration::from_secs(1));
+    let store = Store::builder(dir)
+        .durability(Durability::Immediate)
+        .clock(clock.clone())
+        .open()
+        .unwrap();
+    let ns = store.namespace("golden", policy()).unwrap();
+    assert!(ns.check_and_set("mark-1").unwrap().is_first()); // t0
+    tick();
+    assert!(ns.check_and_set("mark-2").unwrap().is_first()); // t1
+    tick();
+    let Begin::Acquired(claim) = ns.begin("claim-done").unwrap() else {
+        panic!()
+    }; // t2
+    tick();
+    claim.complete(Some(b"receipt-42")).unwrap(); // t3
+    tick();
+    let Begin::Acquired(claim) = ns.begin_with_payload("claim-released", b"payload").unwrap()
+    else {
+        panic!()
+    }; // t4
+    tick();
+    claim.release().unwrap(); // t5
+    tick();
+    let Begin::Acquired(claim) = ns.begin("claim-failed").unwrap() else {
+        panic!()
+    }; // t6
+    tick();
+    claim.fail().unwrap(); // t7
+    tick();
+    assert!(ns.check_and_set("removed").unwrap().is_first()); // t8
+    tick();
+    assert!(ns.remove("removed").unwrap()); // t9
+    tick();
+    let other = store.namespace("other", Policy::ttl(OTHER_TTL)).unwrap();
+    assert!(other.check_and_set("mark-1").unwrap().is_first()); // t10
+    drop((ns, other));
+    store.close().unwrap();
+}
+
+/// The fixture's files (no `LOCK`), sorted by name.
+fn fixture_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name() != "LOCK")
+        .map(|e| {
+            (
+                e.file_name().into_string().unwrap(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn golden_writer_reproduces_the_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    write_golden(dir.path());
+    let written = fixture_files(dir.path());
+    if std::env::var_os("IDEMSTORE_WRITE_GOLDEN").is_some() {
+        let fixture = fixture_dir();
+        let _ = std::fs::remove_dir_all(&fixture);
+        std::fs::create_dir_all(&fixture).unwrap();
+        for (name, bytes) in &written {
+            std::fs::write(fixture.join(name), bytes).unwrap();
+        }
+    }
+    let names: Vec<&str> = written.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, vec![OTHER_SEGMENT, SEGMENT, "NAMESPACES"]);
+    assert!(
+        written == fixture_files(&fixture_dir()),
+        "the writer no longer produces format v1 byte for byte; if the format changed on purpose, bump its version and add tests/fixtures/format_v2"
+    );
+}
+
+fn copy_fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes) in fixture_files(&fixture_dir()) {
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    dir
+}
+
+fn record(
+    status: Status,
+    first_seen: UnixMs,
+    attempts: u32,
+    completed_at: Option<UnixMs>,
+    result: Option<&[u8]>,
+) -> Record {
+    Record {
+        status,
+        first_seen,
+        expires_at: UnixMs(DEADLINE_MS),
+        attempts,
+        lease_until: None,
+        completed_at,
+        result: result.map(<[u8]>::to_vec),
+    }
+}
+
+#[test]
+fn format_v1_fixture_opens_with_every_record_intact() {
+    let dir = copy_fixture();
+    let clock = ManualClock::new(UnixMs(EPOCH_MS));
+    let store = Store::builder(dir.path())
+        .durability(Durability::None)
+        .strict(true)
+        .clock(clock.clone())
+        .open()
+        .unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.records_replayed, 11);
+    assert_eq!(stats.corrupt_records_skipped, 0);
+    assert_eq!(stats.torn_tails_cut, 0);
+    assert_eq!(stats.foreign_files, 0);
+    assert_eq!(stats.namespaces, 2);
+    assert_eq!(
+        (stats.seen, stats.released, stats.completed, stats.failed),
+        (3, 1, 1, 1)
+    );
+    assert_eq!(stats.tombstones, 1);
+
+    let ns = store.namespace("golden", policy()).unwrap();
+    let other = store.namespace("other", Policy::ttl(OTHER_TTL)).unwrap();
+    assert_eq!(
+        ns.get("mark-1").unwrap(),
+        Some(record(Status::Seen, at(0), 0, None, None))
+    );
+    assert_eq!(
+        ns.get("mark-2").unwrap(),
+        Some(record(Status::Seen, at(1), 0, None, None))
+    );
+    assert_eq!(
+        ns.get("claim-done").unwrap(),
+        Some(record(
+            Status::Completed,
+            at(2),
+            1,
+            Some(at(3)),
+            Some(b"receipt-42")
+        ))
+    );
+    assert_eq!(
+        ns.get("claim-released").unwrap(),
+        Some(record(Status::Released, at(4), 1, None, None))
+    );
+    assert_eq!(
+        ns.get("claim-failed").unwrap(),
+        Some(record(Status::Failed, at(6), 1, None, None))
+    );
+    assert_eq!(ns.get("removed").unwrap(), None);
+    assert_eq!(
+        other.get("mark-1").unwrap(),
+        Some(Record {
+            expires_at: UnixMs(OTHER_DEADLINE_MS),
+            ..record(Status::Seen, at(10), 0, None, None)
+        })
+    );
+    assert_eq!(other.get("mark-2").unwrap(), None);
+
+    // The stored state drives the operations, too.
+    let Begin::Completed(done) = ns.begin("claim-done").unwrap() else {
+        panic!("claim-done")
+    };
+    assert_eq!(done.result(), Some(&b"receipt-42"[..]));
+    assert!(matches!(
+        ns.begin("claim-failed").unwrap(),
+        Begin::Exhausted(_)
+    ));
+    assert!(matches!(
+        ns.begin_with_payload("claim-released", b"other"),
+        Err(Error::PayloadMismatch)
+    ));
+    let Begin::Acquired(claim) = ns.begin_with_payload("claim-released", b"payload").unwrap()
+    else {
+        panic!("claim-released must be acquirable again")
+    };
+    assert_eq!(claim.attempt(), 2);
+    drop(claim);
+    assert!(!ns.check_and_set("mark-1").unwrap().is_first());
+    assert!(ns.check_and_set("removed").unwrap().is_first());
+}
+
+#[test]
+fn format_v1_bytes_of_the_segment_header_and_first_record() {
+    let bytes = std::fs::read(fixture_dir().join(SEGMENT)).unwrap();
+    let le = |v: u64| v.to_le_bytes();
+    // Segment header, checksum (bytes 56..64) excluded.
+    let mut header = Vec::new();
+    header.extend(b"IDEMSEG\0");
+    header.extend(1u32.to_le_bytes()); // version
+    header.extend(64u32.to_le_bytes()); // header_len
+    header.extend(le(DEADLINE_MS));
+    header.extend(le(1)); // segment_seq
+    header.extend(le(EPOCH_MS)); // created_ms
+    header.extend(le(60_000)); // bucket_width_ms
+    header.extend(le(0)); // reserved
+    assert_eq!(&bytes[..56], &header[..]);
+
+    // The first record: the mark of "mark-1" in namespace 0, lsn 1.
+    let mut record = Vec::new();
+    record.extend([0xA1, 0]); // kind mark, status 0
+    record.extend(6u16.to_le_bytes()); // id_len
+    record.extend(0u32.to_le_bytes()); // namespace_id
+    record.extend(0u32.to_le_bytes()); // body_len
+    record.extend(le(1)); // lsn
+    record.extend(le(EPOCH_MS)); // first_seen_ms
+    record.extend(b"mark-1");
+    assert_eq!(&bytes[68..64 + 38], &record[..]);
+    // Its checksum, as written by format v1 (low 32 bits of xxh3-64 over bytes 4..).
+    assert_eq!(&bytes[64..68], &CHECKSUM_OF_FIRST_RECORD);
+
+    // NAMESPACES: header, then "golden" as id 0 and "other" as id 1.
+    let names = std::fs::read(fixture_dir().join("NAMESPACES")).unwrap();
+    assert_eq!(&names[..16], b"IDEMNSP\0\x01\0\0\0\0\0\0\0");
+    assert_eq!(&names[20..31], b"\0\0\0\0\x06golden");
+    assert_eq!(&names[35..45], b"\x01\0\0\0\x05other");
+    assert_eq!(names.len(), 45);
+}
+
+const CHECKSUM_OF_FIRST_RECORD: [u8; 4] = [0x33, 0x28, 0x22, 0xd2];
