@@ -13,7 +13,7 @@
 //! reported `First` (or `Acquired`) twice. Small segments make the children roll over
 //! to new segment files, so kills also land around segment creation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -240,10 +240,10 @@ impl Model {
         let token = self.next_token;
         let entry = match self.live(ns, key).cloned() {
             Some(e) => {
-                if let (Some(asked), Some(stored)) = (payload, e.payload) {
-                    if asked != stored {
-                        return Err(ErrKind::PayloadMismatch);
-                    }
+                if let (Some(asked), Some(stored)) = (payload, e.payload)
+                    && asked != stored
+                {
+                    return Err(ErrKind::PayloadMismatch);
                 }
                 match e.status {
                     Status::Seen | Status::Completed => {
@@ -292,10 +292,10 @@ impl Model {
 
     /// A claim operation; returns the new lease deadline for `Extend`.
     fn resolve(&mut self, held: &HeldModel, how: How) -> Result<u64, ErrKind> {
-        if let How::Complete(Some(result)) = &how {
-            if result.len() > MAX_RESULT_LEN {
-                return Err(ErrKind::ResultTooLarge);
-            }
+        if let How::Complete(Some(result)) = &how
+            && result.len() > MAX_RESULT_LEN
+        {
+            return Err(ErrKind::ResultTooLarge);
         }
         let now = self.now;
         let Some(e) = self.entries.get_mut(&(held.ns, held.key)).filter(|e| {
