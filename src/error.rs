@@ -19,7 +19,7 @@ pub enum Error {
         /// Why the key was refused.
         reason: String,
     },
-    /// A ttl or lease is zero or longer than the store's `max_ttl`.
+    /// A ttl or lease is shorter than 1 s or longer than the store's `max_ttl`.
     InvalidTtl {
         /// The duration that was refused.
         ttl: Duration,

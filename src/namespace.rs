@@ -319,10 +319,10 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if !self.resolved {
-            if let Err(e) = self.resolve(Resolution::Release) {
-                tracing::warn!(error = %e, "releasing a dropped claim failed; its lease will run out instead");
-            }
+        if !self.resolved
+            && let Err(e) = self.resolve(Resolution::Release)
+        {
+            tracing::warn!(error = %e, "releasing a dropped claim failed; its lease will run out instead");
         }
     }
 }

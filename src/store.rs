@@ -174,7 +174,6 @@ struct Reaper {
 pub(crate) struct Inner {
     pub(crate) options: Options,
     pub(crate) dir: PathBuf,
-    vfs: Arc<dyn Vfs>,
     time: MonotonicTime,
     index: Index,
     log: Arc<Log>,
@@ -255,7 +254,6 @@ impl Store {
 
         let inner = Arc::new(Inner {
             dir,
-            vfs,
             time,
             index,
             log: Arc::clone(&log),
@@ -695,10 +693,10 @@ impl Inner {
             let live = current.filter(|c| c.is_live(now_ms));
             let (attempts, first_seen_ms, fingerprint, base_deadline_ms) = match live {
                 Some(c) => {
-                    if let (Some(asked), Some(stored)) = (payload_fp, c.claim.payload_fp) {
-                        if asked != stored {
-                            return Err(Error::PayloadMismatch);
-                        }
+                    if let (Some(asked), Some(stored)) = (payload_fp, c.claim.payload_fp)
+                        && asked != stored
+                    {
+                        return Err(Error::PayloadMismatch);
                     }
                     let answer = match c.state {
                         State::Mark | State::Completed => {
@@ -795,21 +793,21 @@ impl Inner {
         how: Resolution<'_>,
     ) -> Result<(UnixMs, u64), Error> {
         self.check_open()?;
-        if let Resolution::Complete(Some(result)) = how {
-            if result.len() > self.options.max_result_len {
-                return Err(Error::ResultTooLarge {
-                    len: result.len(),
-                    max: self.options.max_result_len,
-                });
-            }
+        if let Resolution::Complete(Some(result)) = how
+            && result.len() > self.options.max_result_len
+        {
+            return Err(Error::ResultTooLarge {
+                len: result.len(),
+                max: self.options.max_result_len,
+            });
         }
-        if let Resolution::Extend(lease_ms) = how {
-            if lease_ms < limits::TTL_MS_MIN || lease_ms > self.options.max_ttl_ms {
-                return Err(Error::InvalidTtl {
-                    ttl: Duration::from_millis(lease_ms),
-                    max: Duration::from_millis(self.options.max_ttl_ms),
-                });
-            }
+        if let Resolution::Extend(lease_ms) = how
+            && (lease_ms < limits::TTL_MS_MIN || lease_ms > self.options.max_ttl_ms)
+        {
+            return Err(Error::InvalidTtl {
+                ttl: Duration::from_millis(lease_ms),
+                max: Duration::from_millis(self.options.max_ttl_ms),
+            });
         }
         let hash = KeyHash::of(namespace.id, id);
         loop {
@@ -1031,10 +1029,5 @@ impl Inner {
         };
         self.lock.lock().take();
         result
-    }
-
-    #[cfg(test)]
-    pub(crate) fn vfs(&self) -> &Arc<dyn Vfs> {
-        &self.vfs
     }
 }
