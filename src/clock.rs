@@ -115,6 +115,12 @@ impl MonotonicTime {
 
     pub(crate) fn now(&self) -> UnixMs {
         let read = self.clock.now().0;
+        // A plain load first: the read-modify-write only when time moved, so threads
+        // do not bounce this cache line on every operation.
+        let current = self.high_water_ms.load(Ordering::Acquire);
+        if read <= current {
+            return UnixMs(current);
+        }
         let previous = self.high_water_ms.fetch_max(read, Ordering::AcqRel);
         UnixMs(previous.max(read))
     }

@@ -128,7 +128,7 @@ pub(crate) fn recover(
             let mut existing = None;
             shard.find(hash, |candidate| {
                 let found = log
-                    .with_record(candidate, |_, other| {
+                    .with_record(candidate, None, |_, other| {
                         (other.namespace_id == record.namespace_id && other.id == record.id)
                             .then_some((other.lsn, other.state))
                     })
@@ -167,7 +167,8 @@ pub(crate) fn recover(
         }
         log.set_recovered_len(slot, scan.valid_end as u64);
     }
-    log.set_next(max_lsn + 1, max_seq + 1);
+    log.set_next_seq(max_seq + 1);
+    index.set_lsn_floor(max_lsn);
     report.duration = started.elapsed();
     tracing::info!(
         records = report.records_replayed,

@@ -243,7 +243,7 @@ impl Store {
             Arc::clone(&vfs),
             options.segment_size_bytes_max,
             options.bucket_width_ms,
-            1,
+            log_stripes(options.shards),
             1,
         ));
         let index = Index::new(options.shards);
@@ -330,6 +330,13 @@ impl Store {
     pub fn close(&self) -> Result<(), Error> {
         self.inner.close()
     }
+}
+
+/// One active segment per bucket for each core, up to 8 (and at most one per shard):
+/// writers on different cores then rarely contend for a segment's append lock.
+fn log_stripes(shards: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    cores.clamp(1, 8).min(shards)
 }
 
 fn open_namespaces(vfs: &dyn Vfs, dir: &Path) -> Result<Namespaces, Error> {
@@ -503,8 +510,9 @@ impl Inner {
     ) -> Result<Option<Current>, Error> {
         let mut found = None;
         let mut error = None;
+        let cached = shard.active.as_ref().map(|(_, segment)| segment);
         shard.find(hash, |location| {
-            let read = self.log.with_record(location, |segment, record| {
+            let read = self.log.with_record(location, cached, |segment, record| {
                 (record.namespace_id == namespace_id && record.id == id).then(|| Current {
                     location,
                     state: record.state,
@@ -546,7 +554,11 @@ impl Inner {
     ) -> Result<Option<Location>, Error> {
         debug_assert!(deadline_ms > now_ms);
         debug_assert!(old.is_none_or(|old| !old.is_live(now_ms) || deadline_ms >= old.deadline_ms));
-        match self.log.append(deadline_ms, now_ms, record)? {
+        let stripe = shard.stripe(self.log.stripes());
+        match self
+            .log
+            .append(deadline_ms, now_ms, record, stripe, &mut shard.active)?
+        {
             AppendOutcome::Retired => Ok(None),
             AppendOutcome::At(location) => {
                 shard.upsert(hash, old.map(|o| o.location), location);
@@ -561,7 +573,7 @@ impl Inner {
 
     fn public_record(&self, current: &Current) -> Result<Record, Error> {
         let result = if current.state == State::Completed {
-            self.log.with_record(current.location, |_, record| {
+            self.log.with_record(current.location, None, |_, record| {
                 record.result.map(<[u8]>::to_vec)
             })?
         } else {
@@ -654,7 +666,7 @@ impl Inner {
             let record = record::Record {
                 state: State::Mark,
                 namespace_id: namespace.id,
-                lsn: self.log.next_lsn(),
+                lsn: shard.next_lsn(),
                 first_seen_ms: now_ms,
                 id,
                 claim: ClaimFields::default(),
@@ -742,7 +754,7 @@ impl Inner {
             let record = record::Record {
                 state: State::InProgress,
                 namespace_id: namespace.id,
-                lsn: self.log.next_lsn(),
+                lsn: shard.next_lsn(),
                 first_seen_ms,
                 id,
                 claim: ClaimFields {
@@ -845,7 +857,7 @@ impl Inner {
             let record = record::Record {
                 state,
                 namespace_id: namespace.id,
-                lsn: self.log.next_lsn(),
+                lsn: shard.next_lsn(),
                 first_seen_ms: c.first_seen_ms,
                 id,
                 claim,
@@ -892,7 +904,7 @@ impl Inner {
             let record = record::Record {
                 state: State::Tombstone,
                 namespace_id: namespace.id,
-                lsn: self.log.next_lsn(),
+                lsn: shard.next_lsn(),
                 first_seen_ms: c.first_seen_ms,
                 id,
                 claim: ClaimFields::default(),
@@ -920,6 +932,9 @@ impl Inner {
         if segments.is_empty() {
             return Ok(0);
         }
+        // Shards may cache a retired segment as their active one: drop those handles
+        // so the deleted files are unmapped.
+        self.index.forget_segments_through(now_ms);
         let mut forgotten = 0;
         let mut deadlines = std::collections::BTreeSet::new();
         for segment in &segments {

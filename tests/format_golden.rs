@@ -1,8 +1,11 @@
 //! Guards on-disk format version 1 with a golden store directory committed under
 //! `tests/fixtures/format_v1/` (`NAMESPACES` and the segment files; never `LOCK`).
 //!
-//! The fixture was written by `golden_writer_reproduces_the_fixture` below, run once
-//! with `IDEMSTORE_WRITE_GOLDEN=1`: a store under a manual clock fixed at
+//! `format_v1/` was written by the first writer (one global lsn counter) and is kept
+//! as it is: every later build must read it. `format_v1_writer/` is what the current
+//! writer produces (lsns counted per shard; the format is unchanged); it is rewritten
+//! by `golden_writer_reproduces_the_fixture` below when run with
+//! `IDEMSTORE_WRITE_GOLDEN=1`. Both hold a store under a manual clock fixed at
 //! 1 700 000 000 000 ms holding two marks, a completed claim with a result, a released
 //! claim with a payload fingerprint, a failed claim, a removed key, and a mark in a
 //! second namespace. Without the variable the same test regenerates the directory in a
@@ -30,6 +33,11 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format_v1")
 }
 
+/// What the current writer produces (see the file comment).
+fn writer_fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format_v1_writer")
+}
+
 fn policy() -> Policy {
     Policy::ttl(TTL)
         .lease(Duration::from_secs(30))
@@ -44,8 +52,10 @@ fn at(seconds: u64) -> UnixMs {
 fn write_golden(dir: &Path) {
     let clock = ManualClock::new(UnixMs(EPOCH_MS));
     let tick = || clock.advance(Duration::from_secs(1));
+    // One shard, so one log stripe: the layout does not depend on the core count.
     let store = Store::builder(dir)
         .durability(Durability::Immediate)
+        .shards(1)
         .clock(clock.clone())
         .open()
         .unwrap();
@@ -106,7 +116,7 @@ fn golden_writer_reproduces_the_fixture() {
     write_golden(dir.path());
     let written = fixture_files(dir.path());
     if std::env::var_os("IDEMSTORE_WRITE_GOLDEN").is_some() {
-        let fixture = fixture_dir();
+        let fixture = writer_fixture_dir();
         let _ = std::fs::remove_dir_all(&fixture);
         std::fs::create_dir_all(&fixture).unwrap();
         for (name, bytes) in &written {
@@ -116,14 +126,14 @@ fn golden_writer_reproduces_the_fixture() {
     let names: Vec<&str> = written.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, vec![OTHER_SEGMENT, SEGMENT, "NAMESPACES"]);
     assert!(
-        written == fixture_files(&fixture_dir()),
+        written == fixture_files(&writer_fixture_dir()),
         "the writer no longer produces format v1 byte for byte; if the format changed on purpose, bump its version and add tests/fixtures/format_v2"
     );
 }
 
-fn copy_fixture() -> tempfile::TempDir {
+fn copy_fixture(from: &Path) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for (name, bytes) in fixture_files(&fixture_dir()) {
+    for (name, bytes) in fixture_files(from) {
         std::fs::write(dir.path().join(name), bytes).unwrap();
     }
     dir
@@ -148,8 +158,13 @@ fn record(
 }
 
 #[test]
-fn format_v1_fixture_opens_with_every_record_intact() {
-    let dir = copy_fixture();
+fn format_v1_fixtures_open_with_every_record_intact() {
+    check_fixture(&fixture_dir());
+    check_fixture(&writer_fixture_dir());
+}
+
+fn check_fixture(fixture: &Path) {
+    let dir = copy_fixture(fixture);
     let clock = ManualClock::new(UnixMs(EPOCH_MS));
     let store = Store::builder(dir.path())
         .durability(Durability::None)

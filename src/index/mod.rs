@@ -2,11 +2,14 @@
 //! of one key. A fingerprint match is only a candidate: the caller verifies the full
 //! key against the record, so colliding hashes can never produce a false duplicate.
 
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::format::record::State;
-use crate::log::{Location, SegmentSlot};
+use crate::log::{Location, Segment, SegmentSlot};
 
 /// The 64-bit hash of `(namespace_id, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,9 +91,34 @@ impl StateCounts {
 pub(crate) struct Shard {
     table: HashTable<Entry>,
     pub counts: StateCounts,
+    /// This shard's index in the low 16 bits of every lsn it hands out.
+    index: u16,
+    /// The next lsn's high 48 bits. Lsns only need to be unique and to increase per
+    /// key, and a key always maps to one shard: a counter per shard, under the shard
+    /// lock, gives both without a shared atomic on the hot path.
+    lsn_counter: u64,
+    /// The segment this shard last appended to, by bucket deadline: appends and reads
+    /// of recent records skip the segment table's lock.
+    pub active: Option<(u64, Arc<Segment>)>,
 }
 
+/// Lsns carry the shard index in their low bits; shards are at most 2^16.
+const LSN_SHARD_BITS: u32 = 16;
+const _: () = assert!(crate::options::limits::SHARDS_MAX <= 1 << LSN_SHARD_BITS);
+
 impl Shard {
+    /// Which log stripe this shard appends to.
+    pub(crate) fn stripe(&self, stripes: usize) -> usize {
+        usize::from(self.index) % stripes
+    }
+
+    /// A new lsn, greater than every lsn this shard handed out or recovery saw.
+    pub(crate) fn next_lsn(&mut self) -> u64 {
+        let lsn = (self.lsn_counter << LSN_SHARD_BITS) | u64::from(self.index);
+        self.lsn_counter += 1;
+        lsn
+    }
+
     /// The entry for `hash` whose record `is_key` confirms, if any.
     pub(crate) fn find(
         &self,
@@ -153,7 +181,7 @@ impl Shard {
 }
 
 pub(crate) struct Index {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
     mask: usize,
 }
 
@@ -162,11 +190,14 @@ impl Index {
         debug_assert!(shards.is_power_of_two());
         Index {
             shards: (0..shards)
-                .map(|_| {
-                    Mutex::new(Shard {
+                .map(|index| {
+                    CachePadded::new(Mutex::new(Shard {
                         table: HashTable::new(),
                         counts: StateCounts::default(),
-                    })
+                        index: index as u16,
+                        lsn_counter: 1,
+                        active: None,
+                    }))
                 })
                 .collect(),
             mask: shards - 1,
@@ -177,7 +208,30 @@ impl Index {
         self.shards[hash.shard(self.mask)].lock()
     }
 
-    pub(crate) fn shards(&self) -> &[Mutex<Shard>] {
-        &self.shards
+    pub(crate) fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
+        self.shards.iter().map(|shard| &**shard)
+    }
+
+    /// After recovery: every lsn handed out from now on exceeds `max_lsn`.
+    pub(crate) fn set_lsn_floor(&self, max_lsn: u64) {
+        for shard in self.shards() {
+            let mut shard = shard.lock();
+            shard.lsn_counter = shard.lsn_counter.max((max_lsn >> LSN_SHARD_BITS) + 1);
+        }
+    }
+
+    /// Drops the cached active segments of buckets at or before `deadline_ms`, so a
+    /// retired segment is unmapped (and its file's space freed) once deleted.
+    pub(crate) fn forget_segments_through(&self, deadline_ms: u64) {
+        for shard in self.shards() {
+            let mut shard = shard.lock();
+            if shard
+                .active
+                .as_ref()
+                .is_some_and(|(d, _)| *d <= deadline_ms)
+            {
+                shard.active = None;
+            }
+        }
     }
 }

@@ -24,14 +24,16 @@ pub(crate) use segment::{Appended, Location, Segment, SegmentSlot};
 #[derive(Default)]
 pub(crate) struct Bucket {
     pub segments: Vec<SegmentSlot>,
-    /// The segment new records of this bucket go to.
-    pub active: Option<SegmentSlot>,
+    /// The segments new records of this bucket go to, one per stripe: shards append
+    /// to the stripe of their index, so concurrent writers rarely share an append lock.
+    pub active: Vec<Option<SegmentSlot>>,
 }
 
 #[derive(Default)]
 pub(crate) struct SegmentTable {
+    /// Slots are never reused within a session, so a location can never name a
+    /// different segment than the one it was written to.
     slots: Vec<Option<Arc<Segment>>>,
-    free: Vec<u32>,
     pub buckets: BTreeMap<u64, Bucket>,
 }
 
@@ -45,29 +47,25 @@ impl SegmentTable {
     }
 
     fn next_slot(&mut self) -> SegmentSlot {
-        match self.free.pop() {
-            Some(slot) => SegmentSlot(slot),
-            None => {
-                self.slots.push(None);
-                SegmentSlot((self.slots.len() - 1) as u32)
-            }
-        }
+        self.slots.push(None);
+        SegmentSlot((self.slots.len() - 1) as u32)
     }
 
-    fn insert(&mut self, segment: Arc<Segment>, active: bool) {
+    fn insert(&mut self, segment: Arc<Segment>, active_stripe: Option<usize>) {
         let slot = segment.slot;
         let bucket = self.buckets.entry(segment.deadline_ms).or_default();
         bucket.segments.push(slot);
-        if active {
-            bucket.active = Some(slot);
+        if let Some(stripe) = active_stripe {
+            if bucket.active.len() <= stripe {
+                bucket.active.resize(stripe + 1, None);
+            }
+            bucket.active[stripe] = Some(slot);
         }
         self.slots[slot.0 as usize] = Some(segment);
     }
 
     fn remove(&mut self, slot: SegmentSlot) -> Option<Arc<Segment>> {
-        let segment = self.slots.get_mut(slot.0 as usize)?.take()?;
-        self.free.push(slot.0);
-        Some(segment)
+        self.slots.get_mut(slot.0 as usize)?.take()
     }
 }
 
@@ -84,8 +82,9 @@ pub(crate) struct Log {
     vfs: Arc<dyn Vfs>,
     segment_capacity: u64,
     bucket_width_ms: u64,
+    /// Active segments per bucket (at most the number of shards).
+    stripes: usize,
     pub table: RwLock<SegmentTable>,
-    next_lsn: AtomicU64,
     next_seq: AtomicU64,
     /// Buckets with a deadline at or before this are retired: no appends.
     retired_through_ms: AtomicU64,
@@ -103,16 +102,17 @@ impl Log {
         vfs: Arc<dyn Vfs>,
         segment_capacity: u64,
         bucket_width_ms: u64,
-        next_lsn: u64,
+        stripes: usize,
         next_seq: u64,
     ) -> Log {
+        debug_assert!(stripes >= 1);
         Log {
             dir,
             vfs,
             segment_capacity,
             bucket_width_ms,
+            stripes,
             table: RwLock::new(SegmentTable::default()),
-            next_lsn: AtomicU64::new(next_lsn),
             next_seq: AtomicU64::new(next_seq),
             retired_through_ms: AtomicU64::new(0),
             dirty: Mutex::new(Vec::new()),
@@ -121,15 +121,15 @@ impl Log {
         }
     }
 
+    pub(crate) fn stripes(&self) -> usize {
+        self.stripes
+    }
+
     /// The bucket deadline for a key that must be remembered until at least `until_ms`.
     pub(crate) fn bucket_deadline(&self, until_ms: u64) -> u64 {
         until_ms
             .div_ceil(self.bucket_width_ms)
             .saturating_mul(self.bucket_width_ms)
-    }
-
-    pub(crate) fn next_lsn(&self) -> u64 {
-        self.next_lsn.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn is_poisoned(&self) -> bool {
@@ -145,7 +145,7 @@ impl Log {
         let mut table = self.table.write();
         let slot = table.next_slot();
         let segment = Arc::new(make(slot));
-        table.insert(segment, false);
+        table.insert(segment, None);
     }
 
     /// Sets where a recovered segment's valid records end, and trims what lies after
@@ -162,21 +162,41 @@ impl Log {
         }
     }
 
-    /// Sets the next lsn and segment sequence after recovery.
-    pub(crate) fn set_next(&self, lsn: u64, seq: u64) {
-        self.next_lsn.store(lsn, Ordering::Relaxed);
+    /// Sets the next segment sequence after recovery.
+    pub(crate) fn set_next_seq(&self, seq: u64) {
         self.next_seq.store(seq, Ordering::Relaxed);
     }
 
-    /// Appends `record` to the active segment of the bucket `deadline_ms`.
+    /// Appends `record` to the active segment of the bucket `deadline_ms`. `cache` is
+    /// the calling shard's last active segment: tried first, and updated.
     pub(crate) fn append(
         &self,
         deadline_ms: u64,
         now_ms: u64,
         record: &Record<'_>,
+        stripe: usize,
+        cache: &mut Option<(u64, Arc<Segment>)>,
     ) -> Result<AppendOutcome, Error> {
         if self.is_poisoned() {
             return Err(Error::Poisoned);
+        }
+        // Fast path: no table lock. A retired bucket's segments are sealed under their
+        // append lock before the reaper scans them, so an append here either lands
+        // before the scan or finds the segment sealed and takes the slow path.
+        if let Some((cached_deadline, segment)) = cache.as_ref()
+            && *cached_deadline == deadline_ms
+        {
+            match segment.append(record) {
+                Ok(Appended::At(offset)) => {
+                    self.mark_dirty(segment);
+                    return Ok(AppendOutcome::At(Location {
+                        slot: segment.slot,
+                        offset,
+                    }));
+                }
+                Ok(Appended::Full) => {}
+                Err(e) => return Err(Error::io("reserving space in", &segment.path, e)),
+            }
         }
         loop {
             let full_slot = {
@@ -184,11 +204,15 @@ impl Log {
                 if deadline_ms <= self.retired_through_ms.load(Ordering::Acquire) {
                     return Ok(AppendOutcome::Retired);
                 }
-                let active = table.buckets.get(&deadline_ms).and_then(|b| b.active);
+                let active = table
+                    .buckets
+                    .get(&deadline_ms)
+                    .and_then(|b| b.active.get(stripe).copied().flatten());
                 match active.and_then(|slot| table.get(slot)) {
                     Some(segment) => match segment.append(record) {
                         Ok(Appended::At(offset)) => {
                             self.mark_dirty(segment);
+                            *cache = Some((deadline_ms, Arc::clone(segment)));
                             return Ok(AppendOutcome::At(Location {
                                 slot: segment.slot,
                                 offset,
@@ -200,7 +224,7 @@ impl Log {
                     None => None,
                 }
             };
-            self.open_segment(deadline_ms, now_ms, full_slot)?;
+            self.open_segment(deadline_ms, now_ms, stripe, full_slot)?;
         }
     }
 
@@ -216,13 +240,17 @@ impl Log {
         &self,
         deadline_ms: u64,
         now_ms: u64,
+        stripe: usize,
         full_slot: Option<SegmentSlot>,
     ) -> Result<(), Error> {
         let mut table = self.table.write();
         if deadline_ms <= self.retired_through_ms.load(Ordering::Acquire) {
             return Ok(()); // append() will see the retirement
         }
-        let active = table.buckets.get(&deadline_ms).and_then(|b| b.active);
+        let active = table
+            .buckets
+            .get(&deadline_ms)
+            .and_then(|b| b.active.get(stripe).copied().flatten());
         if active.is_some() && active != full_slot {
             return Ok(());
         }
@@ -256,7 +284,7 @@ impl Log {
             allocated,
         ));
         self.dirty.lock().push(Arc::clone(&segment));
-        table.insert(segment, true);
+        table.insert(segment, Some(stripe));
         tracing::debug!(deadline_ms, seq, "opened segment");
         Ok(())
     }
@@ -265,8 +293,19 @@ impl Log {
     pub(crate) fn with_record<R>(
         &self,
         location: Location,
+        cached: Option<&Arc<Segment>>,
         f: impl FnOnce(&Segment, Record<'_>) -> R,
     ) -> Result<R, Error> {
+        if let Some(segment) = cached.filter(|s| s.slot == location.slot) {
+            return match segment.read(location.offset) {
+                Ok(record) => Ok(f(segment, record)),
+                Err(reason) => Err(Error::corruption(
+                    &segment.path,
+                    u64::from(location.offset),
+                    reason,
+                )),
+            };
+        }
         let table = self.table.read();
         let Some(segment) = table.get(location.slot) else {
             return Err(Error::corruption(
