@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use memmap2::MmapRaw;
+use memmap2::{MmapOptions, MmapRaw};
 
 use super::{AppendFile, DirLock, SegmentFile, Vfs};
 
@@ -73,8 +73,11 @@ impl Vfs for OsVfs {
             .write(true)
             .create_new(true)
             .open(path)?;
-        file.set_len(capacity)?;
-        OsSegmentFile::map(file).map(|s| Arc::new(s) as Arc<dyn SegmentFile>)
+        // The file starts empty and grows as `allocate` reserves blocks; only the
+        // mapping is `capacity` long. Pages past the end of the file are never touched
+        // (writes stay inside what was allocated), and after a crash recovery reads no
+        // more than one allocation step of unused space.
+        OsSegmentFile::map_len(file, capacity).map(|s| Arc::new(s) as Arc<dyn SegmentFile>)
     }
 
     fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
@@ -116,11 +119,17 @@ struct OsSegmentFile {
 
 impl OsSegmentFile {
     fn map(file: File) -> io::Result<OsSegmentFile> {
-        let capacity = file.metadata()?.len();
-        let map = if capacity == 0 {
+        let len = file.metadata()?.len();
+        OsSegmentFile::map_len(file, len)
+    }
+
+    fn map_len(file: File, capacity: u64) -> io::Result<OsSegmentFile> {
+        let len =
+            usize::try_from(capacity).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let map = if len == 0 {
             None
         } else {
-            Some(MmapRaw::map_raw(&file)?)
+            Some(MmapOptions::new().len(len).map_raw(&file)?)
         };
         Ok(OsSegmentFile {
             file,
