@@ -204,12 +204,36 @@ impl Index {
         }
     }
 
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub(crate) fn shard_of(&self, hash: KeyHash) -> usize {
+        hash.shard(self.mask)
+    }
+
+    pub(crate) fn lock_at(&self, shard: usize) -> MutexGuard<'_, Shard> {
+        self.shards[shard].lock()
+    }
+
     pub(crate) fn lock(&self, hash: KeyHash) -> MutexGuard<'_, Shard> {
         self.shards[hash.shard(self.mask)].lock()
     }
 
     pub(crate) fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
         self.shards.iter().map(|shard| &**shard)
+    }
+
+    /// Makes room for about `keys` entries in all, spread over the shards (before
+    /// replay, so the tables do not grow and rehash while it runs).
+    pub(crate) fn reserve(&self, keys: usize) {
+        let per_shard = keys / self.shards.len() + 1;
+        for shard in self.shards() {
+            shard
+                .lock()
+                .table
+                .reserve(per_shard, |e| table_hash(e.fingerprint));
+        }
     }
 
     /// After recovery: every lsn handed out from now on exceeds `max_lsn`.
