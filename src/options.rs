@@ -39,7 +39,7 @@ pub(crate) mod limits {
     pub const SHARDS_MAX: usize = 1 << 16;
     /// Smallest and largest segment size (offsets in the index are `u32`).
     pub const SEGMENT_SIZE_BYTES_MIN: u64 = 64 * 1024;
-    pub const SEGMENT_SIZE_BYTES_MAX: u64 = 1 << 31;
+    pub const SEGMENT_SIZE_BYTES_MAX: u64 = 64 << 20;
     /// Smallest bucket width and ttl.
     pub const BUCKET_WIDTH_MS_MIN: u64 = 1_000;
     pub const TTL_MS_MIN: u64 = 1_000;
@@ -48,7 +48,6 @@ pub(crate) mod limits {
     /// Most ids in one `check_and_set_many` call.
     pub const BATCH_LEN_MAX: usize = 1 << 16;
 
-    const _: () = assert!(SEGMENT_SIZE_BYTES_MAX <= u32::MAX as u64);
     const _: () = assert!(SEGMENT_SIZE_BYTES_MIN < SEGMENT_SIZE_BYTES_MAX);
     const _: () =
         assert!(KEY_LEN_MAX + RESULT_LEN_MAX + 128 < SEGMENT_SIZE_BYTES_MIN as usize * 32);
@@ -137,6 +136,14 @@ impl Options {
                 self.segment_size_bytes_max,
                 limits::SEGMENT_SIZE_BYTES_MIN,
                 limits::SEGMENT_SIZE_BYTES_MAX
+            )));
+        }
+        // The largest record these limits allow must fit in one segment after its header.
+        let record_len_max = 32 + self.max_key_len + 40 + self.max_result_len;
+        if (record_len_max + 64) as u64 > self.segment_size_bytes_max {
+            return Err(Error::invalid_option(format!(
+                "segment_size of {} bytes cannot hold the largest record that max_key_len ({}) and max_result_len ({}) allow ({record_len_max} bytes + a 64-byte header); raise segment_size or lower the limits",
+                self.segment_size_bytes_max, self.max_key_len, self.max_result_len
             )));
         }
         Ok(())

@@ -133,7 +133,7 @@ pub(crate) fn recover(
                 Arc::clone(&file),
                 len as u64,
             )
-        });
+        })?;
         let slot = slot.expect("add_recovered calls its closure");
         pending.push(Pending { slot, path, file });
     }
@@ -169,6 +169,13 @@ pub(crate) fn recover(
             tracing::info!(file = %segment.path.display(), offset = replayed.scan.valid_end, "cut a torn tail");
         }
         log.set_recovered_len(segment.slot, replayed.scan.valid_end as u64);
+        // What was just replayed may exist only in the page cache (a kill -9 in
+        // `Interval` mode, or a failed fsync and a reopen in the same boot), yet the
+        // store will answer `Duplicate` from it as durable: make it durable first.
+        segment
+            .file
+            .sync_data()
+            .map_err(|e| Error::io("syncing recovered segment", &segment.path, e))?;
     }
     // Saturating: a file named with seq u64::MAX (damage, or not ours) must not panic.
     log.set_next_seq(max_seq.saturating_add(1));

@@ -84,7 +84,8 @@ impl StoreBuilder {
         self
     }
 
-    /// Size of one segment file (default 64 MiB, 64 KiB to 2 GiB).
+    /// Size of one segment file (default and largest 64 MiB, at least 64 KiB and at least
+    /// the largest record the key and result limits allow).
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.options.segment_size_bytes_max = bytes;
         self
@@ -106,6 +107,12 @@ impl StoreBuilder {
     /// Opens the store, creating the directory if needed, and replays the log.
     pub fn open(self) -> Result<Store, Error> {
         Store::open_with(self.dir, self.options, Arc::new(OsVfs))
+    }
+
+    /// Opens the store on another file system backend (the simulator of
+    /// `idemstore::testing`).
+    pub(crate) fn open_on(self, vfs: Arc<dyn Vfs>) -> Result<Store, Error> {
+        Store::open_with(self.dir, self.options, vfs)
     }
 }
 

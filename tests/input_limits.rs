@@ -360,7 +360,15 @@ fn invalid_builder_options_are_refused_and_leave_the_store_openable() {
             .open(),
     );
     assert_invalid_option(b().segment_size(64 * 1024 - 1).open());
-    assert_invalid_option(b().segment_size((1 << 31) + 1).open());
+    assert_invalid_option(b().segment_size((64 << 20) + 1).open());
+    // A segment must hold the largest record the key and result limits allow.
+    assert_invalid_option(b().segment_size(64 * 1024).max_result_len(64 * 1024).open());
+    assert_invalid_option(
+        b().segment_size(64 * 1024)
+            .max_key_len(65_535)
+            .max_result_len(0)
+            .open(),
+    );
     assert_invalid_option(b().durability(Durability::Interval(Duration::ZERO)).open());
     assert_invalid_option(
         b().durability(Durability::Interval(HOUR + Duration::from_secs(1)))
@@ -376,7 +384,10 @@ fn invalid_builder_options_are_refused_and_leave_the_store_openable() {
         b().max_key_len(6).max_result_len(1 << 20),
         b().max_ttl(Duration::from_secs(1)),
         b().segment_size(64 * 1024),
-        b().segment_size(1 << 31),
+        b().segment_size(64 << 20),
+        // 32 + 1024 + 40 + result + 64-byte header == the segment size exactly.
+        b().segment_size(64 * 1024)
+            .max_result_len(64 * 1024 - 32 - 1024 - 40 - 64),
         b().durability(Durability::Interval(Duration::from_millis(1))),
     ] {
         let store = builder.open().unwrap();

@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::Error;
 use crate::format::record::Record;
 use crate::format::segment_header::{self, SegmentHeader};
+use crate::index::SEGMENT_SLOTS_MAX;
 use crate::io::Vfs;
 pub(crate) use segment::{Appended, Location, Segment, SegmentSlot};
 
@@ -31,9 +32,8 @@ pub(crate) struct Bucket {
 
 #[derive(Default)]
 pub(crate) struct SegmentTable {
-    /// Slots are never reused within a session, so a location can never name a
-    /// different segment than the one it was written to.
     slots: Vec<Option<Arc<Segment>>>,
+    free: Vec<u32>,
     pub buckets: BTreeMap<u64, Bucket>,
 }
 
@@ -46,9 +46,27 @@ impl SegmentTable {
         self.slots.iter().flatten()
     }
 
-    fn next_slot(&mut self) -> SegmentSlot {
+    /// A free slot. A slot is reused only after its segment was deleted, which happens
+    /// after every index entry pointing into it was removed and every shard dropped
+    /// its cached handle (`Index::forget_segments_through`).
+    fn next_slot(&mut self) -> Result<SegmentSlot, Error> {
+        if let Some(slot) = self.free.pop() {
+            return Ok(SegmentSlot(slot));
+        }
+        self.check_room()?;
         self.slots.push(None);
-        SegmentSlot((self.slots.len() - 1) as u32)
+        Ok(SegmentSlot((self.slots.len() - 1) as u32))
+    }
+
+    /// An error if no slot is free and none can be added.
+    fn check_room(&self) -> Result<(), Error> {
+        if self.free.is_empty() && self.slots.len() >= SEGMENT_SLOTS_MAX {
+            return Err(Error::invalid_option(format!(
+                "the store holds {} segments, the most it can; use a wider bucket_width so fewer buckets are live at once",
+                self.slots.len()
+            )));
+        }
+        Ok(())
     }
 
     fn insert(&mut self, segment: Arc<Segment>, active_stripe: Option<usize>) {
@@ -65,7 +83,9 @@ impl SegmentTable {
     }
 
     fn remove(&mut self, slot: SegmentSlot) -> Option<Arc<Segment>> {
-        self.slots.get_mut(slot.0 as usize)?.take()
+        let segment = self.slots.get_mut(slot.0 as usize)?.take()?;
+        self.free.push(slot.0);
+        Some(segment)
     }
 }
 
@@ -141,11 +161,15 @@ impl Log {
     }
 
     /// Registers a segment recovered at open.
-    pub(crate) fn add_recovered(&self, make: impl FnOnce(SegmentSlot) -> Segment) {
+    pub(crate) fn add_recovered(
+        &self,
+        make: impl FnOnce(SegmentSlot) -> Segment,
+    ) -> Result<(), Error> {
         let mut table = self.table.write();
-        let slot = table.next_slot();
+        let slot = table.next_slot()?;
         let segment = Arc::new(make(slot));
         table.insert(segment, None);
+        Ok(())
     }
 
     /// Sets where a recovered segment's valid records end, and trims what lies after
@@ -254,6 +278,7 @@ impl Log {
         if active.is_some() && active != full_slot {
             return Ok(());
         }
+        table.check_room()?;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(segment_header::file_name(deadline_ms, seq));
         let header = SegmentHeader {
@@ -274,7 +299,7 @@ impl Log {
             }
         };
         self.dir_dirty.store(true, Ordering::SeqCst);
-        let slot = table.next_slot();
+        let slot = table.next_slot()?;
         let segment = Arc::new(Segment::new_active(
             slot,
             seq,
