@@ -22,6 +22,9 @@ struct State {
     stop: bool,
 }
 
+/// The longest a round waits for more callers to join it.
+const GATHER_MAX: Duration = Duration::from_micros(500);
+
 pub(crate) struct Committer {
     state: Mutex<State>,
     wake: Condvar,
@@ -80,8 +83,13 @@ impl Committer {
 
     fn run(&self, log: &Log, interval: Option<Duration>) {
         let mut next_periodic = interval.map(|d| Instant::now() + d);
+        // Callers seen around the last round: those it covered plus those that arrived
+        // while it synced. They are likely to come back within a fraction of an fsync.
+        let mut expected_callers = 0u64;
+        let mut last_sync = Duration::ZERO;
         loop {
-            let target = {
+            let mut gather_until: Option<Instant> = None;
+            let (target, completed_before) = {
                 let mut state = self.state.lock();
                 loop {
                     if state.failure.is_some() {
@@ -94,13 +102,26 @@ impl Committer {
                         continue;
                     }
                     if state.requested > state.completed {
-                        break state.requested;
+                        // Group commit: if fewer callers are waiting than took part in
+                        // the last round, give the others a moment (a fraction of an
+                        // fsync) to join this one instead of paying for their own.
+                        let waiting = state.requested - state.completed;
+                        let until = *gather_until.get_or_insert_with(|| {
+                            Instant::now() + (last_sync / 2).min(GATHER_MAX)
+                        });
+                        if waiting < expected_callers && !state.stop && Instant::now() < until {
+                            self.wake.wait_until(&mut state, until);
+                            continue;
+                        }
+                        break (state.requested, state.completed);
                     }
                     if state.stop {
                         return;
                     }
                     match next_periodic {
-                        Some(at) if Instant::now() >= at => break state.requested,
+                        Some(at) if Instant::now() >= at => {
+                            break (state.requested, state.completed);
+                        }
                         Some(at) => {
                             self.wake.wait_until(&mut state, at);
                         }
@@ -111,9 +132,12 @@ impl Committer {
             if let Some(d) = interval {
                 next_periodic = Some(Instant::now() + d);
             }
+            let started = Instant::now();
             let result = log.sync();
+            last_sync = started.elapsed();
             self.rounds.fetch_add(1, Ordering::Relaxed);
             let mut state = self.state.lock();
+            expected_callers = state.requested - completed_before;
             match result {
                 Ok(()) => state.completed = state.completed.max(target),
                 Err(e) => {
