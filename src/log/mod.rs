@@ -211,8 +211,11 @@ impl Log {
             && *cached_deadline == deadline_ms
         {
             match segment.append(record) {
-                Ok(Appended::At(offset)) => {
-                    self.mark_dirty(segment);
+                Ok(Appended::At {
+                    offset,
+                    newly_dirty,
+                }) => {
+                    self.mark_dirty(segment, newly_dirty);
                     return Ok(AppendOutcome::At(Location {
                         slot: segment.slot,
                         offset,
@@ -234,8 +237,11 @@ impl Log {
                     .and_then(|b| b.active.get(stripe).copied().flatten());
                 match active.and_then(|slot| table.get(slot)) {
                     Some(segment) => match segment.append(record) {
-                        Ok(Appended::At(offset)) => {
-                            self.mark_dirty(segment);
+                        Ok(Appended::At {
+                            offset,
+                            newly_dirty,
+                        }) => {
+                            self.mark_dirty(segment, newly_dirty);
                             *cache = Some((deadline_ms, Arc::clone(segment)));
                             return Ok(AppendOutcome::At(Location {
                                 slot: segment.slot,
@@ -252,8 +258,8 @@ impl Log {
         }
     }
 
-    fn mark_dirty(&self, segment: &Arc<Segment>) {
-        if !segment.dirty.load(Ordering::SeqCst) && !segment.dirty.swap(true, Ordering::SeqCst) {
+    fn mark_dirty(&self, segment: &Arc<Segment>, newly_dirty: bool) {
+        if newly_dirty {
             self.dirty.lock().push(Arc::clone(segment));
         }
     }
@@ -279,18 +285,26 @@ impl Log {
             return Ok(());
         }
         table.check_room()?;
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let path = self.dir.join(segment_header::file_name(deadline_ms, seq));
+        // A name may be taken once the sequence wrapped (a file found at open named with
+        // a seq near u64::MAX): skip to the next seq, a bounded number of times.
+        let mut taken = 0;
+        let (seq, path, file) = loop {
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            let path = self.dir.join(segment_header::file_name(deadline_ms, seq));
+            match self.vfs.create_segment(&path, self.segment_capacity) {
+                Ok(file) => break (seq, path, file),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && taken < 64 => {
+                    taken += 1;
+                }
+                Err(e) => return Err(Error::io("creating segment", &path, e)),
+            }
+        };
         let header = SegmentHeader {
             bucket_deadline_ms: deadline_ms,
             segment_seq: seq,
             created_ms: now_ms,
             bucket_width_ms: self.bucket_width_ms,
         };
-        let file = self
-            .vfs
-            .create_segment(&path, self.segment_capacity)
-            .map_err(|e| Error::io("creating segment", &path, e))?;
         let allocated = match Segment::initialize(file.as_ref(), &header) {
             Ok(allocated) => allocated,
             Err(e) => {

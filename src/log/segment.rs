@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -38,8 +38,6 @@ pub(crate) struct Segment {
     published: AtomicU64,
     /// Published bytes that the last sync made durable.
     durable: AtomicU64,
-    /// Set when the segment has writes the commit thread has not synced yet.
-    pub(crate) dirty: AtomicBool,
 }
 
 struct AppendState {
@@ -47,11 +45,17 @@ struct AppendState {
     allocated: u64,
     /// No more appends (full, or its bucket is retired, or recovered from disk).
     sealed: bool,
+    /// The segment has writes the commit thread has not synced yet (it is on the log's
+    /// dirty list). Under the append lock, so that publishing a record and checking
+    /// this flag need no memory fence of their own.
+    dirty: bool,
 }
 
 /// What an append did.
 pub(crate) enum Appended {
-    At(u32),
+    /// Written at this offset; `newly_dirty` if the caller must put the segment on the
+    /// log's dirty list (the first write since the last sync).
+    At { offset: u32, newly_dirty: bool },
     /// The segment cannot take this record; open a new one.
     Full,
 }
@@ -75,10 +79,10 @@ impl Segment {
             append: Mutex::new(AppendState {
                 allocated,
                 sealed: false,
+                dirty: true,
             }),
             published: AtomicU64::new(segment_header::LEN as u64),
             durable: AtomicU64::new(0),
-            dirty: AtomicBool::new(true),
         }
     }
 
@@ -100,10 +104,10 @@ impl Segment {
             append: Mutex::new(AppendState {
                 allocated: valid_len,
                 sealed: true,
+                dirty: false,
             }),
             published: AtomicU64::new(valid_len),
             durable: AtomicU64::new(valid_len),
-            dirty: AtomicBool::new(false),
         }
     }
 
@@ -158,10 +162,15 @@ impl Segment {
         self.file
             .write_with(offset, len as usize, &mut |out| record.encode_into(out));
         debug_assert!(record::decode(self.file.read(offset, len as usize)).is_ok());
-        self.published.store(end, Ordering::SeqCst);
+        self.published.store(end, Ordering::Release);
+        let newly_dirty = !state.dirty;
+        state.dirty = true;
         drop(state);
         // Offsets fit in u32: capacity is at most SEGMENT_SIZE_BYTES_MAX.
-        Ok(Appended::At(offset as u32))
+        Ok(Appended::At {
+            offset: offset as u32,
+            newly_dirty,
+        })
     }
 
     /// Stops appends to this segment (its bucket is retired or it is being closed).
@@ -176,8 +185,11 @@ impl Segment {
 
     /// Makes every published record durable. Called by the commit thread only.
     pub(crate) fn sync(&self) -> io::Result<()> {
-        self.dirty.store(false, Ordering::SeqCst);
-        let published = self.published.load(Ordering::SeqCst);
+        let published = {
+            let mut state = self.append.lock();
+            state.dirty = false;
+            self.published.load(Ordering::Relaxed)
+        };
         self.file.sync_data()?;
         self.durable.fetch_max(published, Ordering::AcqRel);
         Ok(())
