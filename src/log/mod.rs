@@ -114,6 +114,8 @@ pub(crate) struct Log {
     dir_dirty: AtomicBool,
     /// A write or sync failed: refuse all writes.
     poisoned: AtomicBool,
+    /// The store closed: every segment is sealed and no new one may be opened.
+    closed: AtomicBool,
 }
 
 impl Log {
@@ -138,6 +140,7 @@ impl Log {
             dirty: Mutex::new(Vec::new()),
             dir_dirty: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -274,6 +277,10 @@ impl Log {
         full_slot: Option<SegmentSlot>,
     ) -> Result<(), Error> {
         let mut table = self.table.write();
+        if self.closed.load(Ordering::Acquire) {
+            // Closing sealed every segment: an append that raced with close ends here.
+            return Err(Error::Closed);
+        }
         if deadline_ms <= self.retired_through_ms.load(Ordering::Acquire) {
             return Ok(()); // append() will see the retirement
         }
@@ -422,7 +429,9 @@ impl Log {
 
     /// Seals every segment and trims the unused preallocated tails (at close).
     pub(crate) fn seal_all(&self) -> Result<(), Error> {
-        let table = self.table.read();
+        // Under the write lock: no segment can be opened after this.
+        let table = self.table.write();
+        self.closed.store(true, Ordering::Release);
         for segment in table.segments() {
             segment.seal();
             let published = segment.published();
