@@ -20,6 +20,8 @@ struct Args {
     keys: u64,
     threads: u64,
     json: bool,
+    /// Only idemstore and the in-memory ceiling (for sweeps over sizes and threads).
+    skip_peers: bool,
 }
 
 fn parse_args() -> Args {
@@ -27,6 +29,7 @@ fn parse_args() -> Args {
         keys: 1_000_000,
         threads: 2,
         json: false,
+        skip_peers: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -36,8 +39,11 @@ fn parse_args() -> Args {
                 args.threads = it.next().and_then(|v| v.parse().ok()).expect("--threads N")
             }
             "--json" => args.json = true,
+            "--skip-peers" => args.skip_peers = true,
             "--bench" => {} // passed by `cargo bench`-style runners
-            other => panic!("unknown argument {other}; use --keys N, --threads N, --json"),
+            other => {
+                panic!("unknown argument {other}; use --keys N, --threads N, --json, --skip-peers")
+            }
         }
     }
     args
@@ -294,8 +300,8 @@ fn main() {
     }
 
     // sled compare_and_swap.
-    progress("sled compare_and_swap");
-    {
+    if !args.skip_peers {
+        progress("sled compare_and_swap");
         let dir = tempfile::tempdir().unwrap();
         let (anon_before, _) = rss();
         let db = sled::open(dir.path()).unwrap();
@@ -324,14 +330,14 @@ fn main() {
             "sled disk bytes per key (du)".into(),
             format!("{:.1}", dir_bytes(dir.path()) as f64 / count as f64),
         );
-    }
 
-    // Redis SET NX EX through redis-benchmark, if installed.
-    progress("redis");
-    match redis(n.min(1_000_000)) {
-        Ok(redis_rows) => rows.extend(redis_rows),
-        Err(why) => {
-            facts.insert("redis".into(), format!("skipped: {why}"));
+        // Redis SET NX EX through redis-benchmark, if installed.
+        progress("redis");
+        match redis(n.min(1_000_000)) {
+            Ok(redis_rows) => rows.extend(redis_rows),
+            Err(why) => {
+                facts.insert("redis".into(), format!("skipped: {why}"));
+            }
         }
     }
     eprintln!("\r\x1b[2K[bench] done");
