@@ -31,6 +31,7 @@
 //!
 //! See `docs/ARCHITECTURE.md` for how it works and `docs/FORMAT.md` for the bytes.
 
+mod check;
 mod clock;
 mod error;
 mod format;
@@ -38,12 +39,23 @@ mod index;
 mod io;
 mod log;
 mod namespace;
+mod operations;
 mod options;
 mod recovery;
 mod store;
+#[cfg_attr(
+    not(any(feature = "metrics", test)),
+    expect(
+        dead_code,
+        reason = "the metric mapping is used by the `metrics` feature and tested without it"
+    )
+)]
+mod telemetry;
 
+pub use check::{VERIFY_LISTED_MAX, VerifyReport, verify, verify_with_progress};
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
 pub use error::{Corruption, Error};
 pub use namespace::{Begin, Claim, Namespace, Outcome, Policy, Record, Seen, Status};
+pub use operations::{LATENCY_SAMPLE_EVERY, LatencyHistogram, OperationStats};
 pub use options::Durability;
-pub use store::{Stats, Store, StoreBuilder};
+pub use store::{Imported, Stats, Store, StoreBuilder};

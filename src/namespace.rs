@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::clock::{UnixMs, duration_ms_ceil};
 use crate::error::Error;
+use crate::operations::{self, Timed};
 use crate::store::Inner;
 
 /// A namespace's defaults: how long keys are remembered, how long a claim's lease
@@ -195,7 +196,10 @@ impl Namespace {
     /// `First` if `id` was not seen within its retention (and marks it), else
     /// `Duplicate`. The drop-in for Redis `SET key 1 NX EX ttl`.
     pub fn check_and_set(&self, id: impl AsRef<[u8]>) -> Result<Outcome, Error> {
-        self.inner.check_and_set(self, id.as_ref())
+        let started = operations::start_timer();
+        let outcome = self.inner.check_and_set(self, id.as_ref());
+        self.inner.record_latency(Timed::CheckAndSet, started);
+        outcome
     }
 
     /// `check_and_set` for a polled batch, with one durability wait for the batch.
@@ -207,14 +211,20 @@ impl Namespace {
     /// Starts processing `id`: acquires a claim unless the key is done, held by a live
     /// lease, or exhausted.
     pub fn begin(&self, id: impl AsRef<[u8]>) -> Result<Begin, Error> {
-        self.inner.begin(self, id.as_ref(), None)
+        let started = operations::start_timer();
+        let answer = self.inner.begin(self, id.as_ref(), None);
+        self.inner.record_latency(Timed::Begin, started);
+        answer
     }
 
     /// `begin`, also recording a fingerprint of `payload`: if the key was recorded with
     /// a different payload, the answer is `Error::PayloadMismatch`.
     pub fn begin_with_payload(&self, id: impl AsRef<[u8]>, payload: &[u8]) -> Result<Begin, Error> {
+        let started = operations::start_timer();
         let fingerprint = xxhash_rust::xxh3::xxh3_64(payload);
-        self.inner.begin(self, id.as_ref(), Some(fingerprint))
+        let answer = self.inner.begin(self, id.as_ref(), Some(fingerprint));
+        self.inner.record_latency(Timed::Begin, started);
+        answer
     }
 
     /// The consumption record of `id`, or `None` if it is not remembered.

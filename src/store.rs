@@ -20,8 +20,13 @@ use crate::log::{AppendOutcome, Location, Log};
 use crate::namespace::{
     Begin, Claim, Namespace, Outcome, Policy, Record, Resolution, Seen, Status,
 };
+use crate::operations::{Counter, OperationStats, Operations};
 use crate::options::{Durability, Options, limits};
 use crate::recovery::{self, RecoveryReport};
+
+mod records;
+
+pub use records::Imported;
 
 /// An open store. Cheap to clone; every clone is the same store. `Send + Sync`.
 ///
@@ -164,6 +169,12 @@ pub struct Stats {
     pub sync_rounds: u64,
     /// Operations that waited for a sync since open.
     pub durable_waits: u64,
+    /// Per-operation counts and sampled latencies since open.
+    pub operations: OperationStats,
+    /// How far behind the reaper is: now minus the oldest bucket deadline that has
+    /// passed but whose files are not deleted yet; zero when it is caught up. (Keys of
+    /// such a bucket are already treated as forgotten; only their space is held.)
+    pub expiry_lag: Duration,
 }
 
 struct Namespaces {
@@ -191,6 +202,7 @@ pub(crate) struct Inner {
     reaper: Arc<Reaper>,
     expired_buckets: AtomicU64,
     expired_keys: AtomicU64,
+    operations: Operations,
     /// Held while reaping, so `expire_now` returns only after every bucket retired
     /// before it (possibly by the background reaper) is unindexed.
     reaping: Mutex<()>,
@@ -274,6 +286,7 @@ impl Store {
             }),
             expired_buckets: AtomicU64::new(0),
             expired_keys: AtomicU64::new(0),
+            operations: Operations::new(options.shards),
             reaping: Mutex::new(()),
             threads: Mutex::new(Vec::new()),
             lock: Mutex::new(Some(lock)),
@@ -653,6 +666,7 @@ impl Inner {
         id: &[u8],
     ) -> Result<(Outcome, bool), Error> {
         let hash = KeyHash::of(namespace.id, id);
+        let shard_index = self.index.shard_of(hash);
         loop {
             let now_ms = self.time.now().0;
             let mut shard = self.index.lock(hash);
@@ -662,6 +676,8 @@ impl Inner {
                     first_seen: UnixMs(current.first_seen_ms),
                     expires_at: UnixMs(current.deadline_ms),
                 };
+                self.operations
+                    .count_locked(shard_index, Counter::CheckAndSetDuplicate);
                 return Ok((
                     Outcome::Duplicate(seen),
                     self.immediate() && !current.durable,
@@ -690,6 +706,8 @@ impl Inner {
                 )?
                 .is_some()
             {
+                self.operations
+                    .count_locked(shard_index, Counter::CheckAndSetFirst);
                 return Ok((Outcome::First, self.immediate()));
             }
         }
@@ -704,6 +722,7 @@ impl Inner {
         self.check_open()?;
         self.validate_id(id)?;
         let hash = KeyHash::of(namespace.id, id);
+        let shard_index = self.index.shard_of(hash);
         let policy = namespace.policy;
         loop {
             let now_ms = self.time.now().0;
@@ -733,12 +752,13 @@ impl Inner {
                         State::InProgress | State::Released | State::Tombstone => None,
                     };
                     if let Some(answer) = answer {
-                        let record = self.public_record(&c)?;
+                        let answer = answer(self.public_record(&c)?);
+                        self.operations.count_begin_locked(shard_index, &answer);
                         drop(shard);
                         if self.immediate() && !c.durable {
                             self.committer.wait_durable()?;
                         }
-                        return Ok(answer(record));
+                        return Ok(answer);
                     }
                     (
                         c.claim.attempts,
@@ -783,6 +803,8 @@ impl Inner {
                 )?
                 .is_some()
             {
+                self.operations
+                    .count_locked(shard_index, Counter::BeginAcquired);
                 drop(shard);
                 let claim = Claim {
                     namespace: namespace.clone(),
@@ -874,6 +896,16 @@ impl Inner {
                 .write(&mut shard, hash, Some(&c), deadline_ms, now_ms, &record)?
                 .is_some()
             {
+                let counter = match how {
+                    Resolution::Complete(_) => Some(Counter::Complete),
+                    Resolution::Release => Some(Counter::Release),
+                    Resolution::Fail => Some(Counter::Fail),
+                    Resolution::Extend(_) => None,
+                };
+                if let Some(counter) = counter {
+                    self.operations
+                        .count_locked(self.index.shard_of(hash), counter);
+                }
                 drop(shard);
                 if self.immediate() {
                     self.committer.wait_durable()?;
@@ -921,6 +953,8 @@ impl Inner {
                 .write(&mut shard, hash, Some(&c), c.deadline_ms, now_ms, &record)?
                 .is_some()
             {
+                self.operations
+                    .count_locked(self.index.shard_of(hash), Counter::Remove);
                 drop(shard);
                 if self.immediate() {
                     self.committer.wait_durable()?;
@@ -939,6 +973,7 @@ impl Inner {
         if segments.is_empty() {
             return Ok(0);
         }
+        let started = std::time::Instant::now();
         // Shards may cache a retired segment as their active one: drop those handles
         // so the deleted files are unmapped.
         self.index.forget_segments_through(now_ms);
@@ -971,9 +1006,13 @@ impl Inner {
         self.expired_buckets
             .fetch_add(deadlines.len() as u64, Ordering::Relaxed);
         self.expired_keys.fetch_add(forgotten, Ordering::Relaxed);
-        tracing::debug!(
+        tracing::info!(
             buckets = deadlines.len(),
+            segments = segments.len(),
             keys = forgotten,
+            oldest_deadline_ms = deadlines.first().copied().unwrap_or(0),
+            lag_ms = now_ms.saturating_sub(deadlines.first().copied().unwrap_or(now_ms)),
+            ms = started.elapsed().as_millis() as u64,
             "expired buckets"
         );
         Ok(forgotten)
@@ -992,12 +1031,15 @@ impl Inner {
         let [seen, in_progress, released, completed, failed, tombstones] = counts.counts;
         let (mut disk_bytes, mut log_bytes, mut segments) = (0u64, 0u64, 0u64);
         let buckets;
+        let now_ms = self.time.now().0;
+        let mut oldest_passed_deadline_ms = now_ms;
         {
             let table = self.log.table.read();
             for segment in table.segments() {
                 segments += 1;
                 disk_bytes += segment.allocated();
                 log_bytes += segment.published();
+                oldest_passed_deadline_ms = oldest_passed_deadline_ms.min(segment.deadline_ms);
             }
             buckets = table.buckets.len() as u64;
         }
@@ -1024,6 +1066,8 @@ impl Inner {
             expired_keys: self.expired_keys.load(Ordering::Relaxed),
             sync_rounds: self.committer.rounds.load(Ordering::Relaxed),
             durable_waits: self.committer.waits.load(Ordering::Relaxed),
+            operations: self.operations.snapshot(),
+            expiry_lag: Duration::from_millis(now_ms - oldest_passed_deadline_ms),
         }
     }
 
