@@ -59,3 +59,8 @@ pub use namespace::{Begin, Claim, Namespace, Outcome, Policy, Record, Seen, Stat
 pub use operations::{LATENCY_SAMPLE_EVERY, LatencyHistogram, OperationStats};
 pub use options::Durability;
 pub use store::{Imported, Stats, Store, StoreBuilder};
+
+/// The simulated file system and planted bugs of the reliability tests (not a
+/// supported API).
+#[doc(hidden)]
+pub mod testing;
