@@ -150,6 +150,11 @@ impl Log {
 
     /// The bucket deadline for a key that must be remembered until at least `until_ms`.
     pub(crate) fn bucket_deadline(&self, until_ms: u64) -> u64 {
+        #[cfg(feature = "planted-bugs")]
+        if crate::testing::planted("early-expiry") {
+            let width = self.bucket_width_ms;
+            return until_ms.div_ceil(width).saturating_mul(width) - width;
+        }
         until_ms
             .div_ceil(self.bucket_width_ms)
             .saturating_mul(self.bucket_width_ms)
@@ -372,6 +377,10 @@ impl Log {
 
     /// Syncs every segment with unsynced writes, and the directory if files changed.
     pub(crate) fn sync(&self) -> Result<(), Error> {
+        #[cfg(feature = "planted-bugs")]
+        if crate::testing::planted("skip-dir-fsync") {
+            self.dir_dirty.store(false, Ordering::SeqCst);
+        }
         if self.dir_dirty.swap(false, Ordering::SeqCst)
             && let Err(e) = self.vfs.sync_dir(&self.dir)
         {
@@ -381,6 +390,10 @@ impl Log {
         let dirty = std::mem::take(&mut *self.dirty.lock());
         for segment in &dirty {
             if let Err(e) = segment.sync() {
+                #[cfg(feature = "planted-bugs")]
+                if crate::testing::planted("ignore-fsync-error") {
+                    continue;
+                }
                 return Err(Error::io("syncing segment", &segment.path, e));
             }
         }

@@ -42,6 +42,11 @@ pub(crate) fn scan<'a>(
                     break;
                 }
                 match next_valid(bytes, at + 1) {
+                    #[cfg(feature = "planted-bugs")]
+                    Some(_) if crate::testing::planted("eager-torn-tail") => {
+                        report.torn_tail = true;
+                        break;
+                    }
                     Some(next) => {
                         report.corrupt_offsets.push(at);
                         at = next;
