@@ -90,7 +90,12 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded, (usize, String)> {
         };
         match name {
             Some(name) => names.push(name.to_string()),
-            None if at + entry_len >= bytes.len() || rest.iter().all(|&b| b == 0) => break,
+            None if at + entry_len >= bytes.len()
+                || rest.iter().all(|&b| b == 0)
+                || !entry_starts_after(bytes, at + 1) =>
+            {
+                break;
+            }
             None => return Err((at, "namespace entry failed its checksum".to_string())),
         }
         at += entry_len;
@@ -98,6 +103,24 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded, (usize, String)> {
     Ok(Decoded {
         names,
         valid_len: at.min(bytes.len()),
+    })
+}
+
+/// Whether a checksummed entry starts anywhere at or after `from`. A damaged entry
+/// with none after it is a torn tail (a crash while the last namespace was added, its
+/// length byte possibly torn too); one with a valid entry after it is corruption.
+fn entry_starts_after(bytes: &[u8], from: usize) -> bool {
+    (from..bytes.len()).any(|at| {
+        let rest = &bytes[at..];
+        if rest.len() < ENTRY_FIXED_LEN {
+            return false;
+        }
+        let name_len = usize::from(rest[8]);
+        let entry_len = ENTRY_FIXED_LEN + name_len;
+        name_len > 0
+            && name_len <= limits::NAMESPACE_LEN_MAX
+            && rest.len() >= entry_len
+            && read_u32(rest, 0) == checksum32(&rest[4..entry_len])
     })
 }
 
