@@ -60,7 +60,6 @@ pub use operations::{LATENCY_SAMPLE_EVERY, LatencyHistogram, OperationStats};
 pub use options::Durability;
 pub use store::{Imported, Stats, Store, StoreBuilder};
 
-/// The simulated file system and planted bugs of the reliability tests (not a
-/// supported API).
+/// Entry points for the fuzz targets in `fuzz/` (not a supported API).
 #[doc(hidden)]
-pub mod testing;
+pub mod fuzzing;

@@ -81,15 +81,28 @@ pub(crate) fn recover(
         };
         let path = dir.join(&name);
         max_seq = max_seq.max(name_seq);
+        // A directory named like a segment is not ours: counted, never opened or deleted.
+        let foreign_directory = |e: &std::io::Error, report: &mut RecoveryReport| {
+            let is_dir = e.kind() == std::io::ErrorKind::IsADirectory;
+            if is_dir {
+                tracing::warn!(file = %name, "ignoring a directory named like a segment");
+                report.foreign_files += 1;
+            }
+            is_dir
+        };
         if name_deadline_ms <= now_ms {
-            vfs.remove(&path)
-                .map_err(|e| Error::io("deleting expired segment", &path, e))?;
-            report.expired_segments_deleted += 1;
+            match vfs.remove(&path) {
+                Ok(()) => report.expired_segments_deleted += 1,
+                Err(e) if foreign_directory(&e, &mut report) => {}
+                Err(e) => return Err(Error::io("deleting expired segment", &path, e)),
+            }
             continue;
         }
-        let file = vfs
-            .open_segment(&path)
-            .map_err(|e| Error::io("opening segment", &path, e))?;
+        let file = match vfs.open_segment(&path) {
+            Ok(file) => file,
+            Err(e) if foreign_directory(&e, &mut report) => continue,
+            Err(e) => return Err(Error::io("opening segment", &path, e)),
+        };
         let len = file.capacity() as usize;
         let bytes = file.read(0, len);
         let header = match SegmentHeader::decode(bytes) {
@@ -155,14 +168,17 @@ pub(crate) fn recover(
                 "damaged record",
             )?;
         }
-        for offset in &replayed.unknown_namespace {
-            corrupt(
-                options,
-                &mut report,
+        // Refused even without `strict`: skipping such a record is not enough, since
+        // the next namespace created takes the missing id and would inherit it (false
+        // duplicates, resurrected keys) at the following open.
+        if let Some(&offset) = replayed.unknown_namespace.first() {
+            return Err(Error::corruption(
                 &segment.path,
-                *offset as u64,
-                "record names a namespace that NAMESPACES does not hold",
-            )?;
+                offset as u64,
+                "record names a namespace id the NAMESPACES file does not hold: NAMESPACES \
+                 is missing or lost entries; restore it from a backup, or move the segment \
+                 files away to start empty",
+            ));
         }
         if replayed.scan.torn_tail {
             report.torn_tails_cut += 1;

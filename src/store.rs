@@ -182,6 +182,9 @@ struct Namespaces {
     names: Vec<String>,
     file: Box<dyn AppendFile>,
     file_len: u64,
+    /// Bytes after `file_len` (a torn entry) to trim once recovery has accepted the
+    /// directory: a refused open leaves the file as it found it.
+    torn_tail: bool,
 }
 
 struct Reaper {
@@ -268,6 +271,13 @@ impl Store {
         let index = Index::new(options.shards);
         let recovery =
             recovery::recover(&log, &index, vfs.as_ref(), &options, namespaces.names.len())?;
+        if namespaces.torn_tail {
+            let path = dir.join(namespace_file::FILE_NAME);
+            namespaces
+                .file
+                .set_len(namespaces.file_len)
+                .map_err(|e| Error::io("trimming", &path, e))?;
+        }
         let time = MonotonicTime::new(Arc::clone(&options.clock), UnixMs(recovery.clock_floor_ms));
         let committer = Arc::new(Committer::new());
 
@@ -365,15 +375,6 @@ fn open_namespaces(vfs: &dyn Vfs, dir: &Path) -> Result<Namespaces, Error> {
         .read_small(&path)
         .map_err(|e| Error::io("reading", &path, e))?;
     let decoded = match &existing {
-        // A header torn by a crash while the file was being created (it is synced
-        // before any namespace is added): no entry follows it, so no record can name a
-        // namespace from it, and it is written again below.
-        Some(bytes)
-            if bytes.len() <= namespace_file::HEADER_LEN
-                && namespace_file::decode(bytes).is_err() =>
-        {
-            namespace_file::Decoded::default()
-        }
         Some(bytes) => namespace_file::decode(bytes)
             .map_err(|(offset, reason)| Error::corruption(&path, offset as u64, reason))?,
         None => namespace_file::Decoded::default(),
@@ -393,11 +394,16 @@ fn open_namespaces(vfs: &dyn Vfs, dir: &Path) -> Result<Namespaces, Error> {
         vfs.sync_dir(dir)
             .map_err(|e| Error::io("syncing directory", dir, e))?;
         file_len = header.len() as u64;
-    } else if existing.as_ref().is_some_and(|b| b.len() as u64 > file_len) {
-        // A torn entry from a crash while adding a namespace: it was never used.
-        file.set_len(file_len)
-            .map_err(|e| Error::io("trimming", &path, e))?;
+    } else {
+        // What was read may not be durable: an fsync of an entry failed, then the
+        // process was restarted and read it from the page cache. Records may only name
+        // a namespace whose entry is on disk, so make it durable before any can.
+        file.sync_data()
+            .map_err(|e| Error::io("syncing", &path, e))?;
     }
+    // A torn entry from a crash while adding a namespace: it was never used, and is
+    // trimmed after recovery (`Namespaces::torn_tail`).
+    let torn_tail = existing.as_ref().is_some_and(|b| b.len() as u64 > file_len);
     let by_name = decoded
         .names
         .iter()
@@ -409,6 +415,7 @@ fn open_namespaces(vfs: &dyn Vfs, dir: &Path) -> Result<Namespaces, Error> {
         names: decoded.names,
         file,
         file_len,
+        torn_tail,
     })
 }
 

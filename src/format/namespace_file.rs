@@ -77,6 +77,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded, (usize, String)> {
         let name_len = usize::from(rest[8]);
         let entry_len = ENTRY_FIXED_LEN + name_len;
         if rest.len() < entry_len {
+            // Running past the end: a torn last entry, unless a valid entry follows
+            // (then its length byte is damaged, and cutting here would drop the rest).
+            if entry_starts_after(bytes, at + 1) {
+                return Err((at, "namespace entry length is damaged".to_string()));
+            }
             break;
         }
         let valid = name_len > 0
@@ -90,10 +95,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded, (usize, String)> {
         };
         match name {
             Some(name) => names.push(name.to_string()),
-            None if at + entry_len >= bytes.len()
-                || rest.iter().all(|&b| b == 0)
-                || !entry_starts_after(bytes, at + 1) =>
-            {
+            None if rest.iter().all(|&b| b == 0) || !entry_starts_after(bytes, at + 1) => {
                 break;
             }
             None => return Err((at, "namespace entry failed its checksum".to_string())),

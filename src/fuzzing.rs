@@ -1,0 +1,143 @@
+//! Entry points for the fuzz targets in `fuzz/` and their regression replays in
+//! `tests/fuzz_regressions.rs`. Not part of the supported API: thin wrappers over the
+//! crate-private codecs, so the targets exercise exactly the code recovery runs.
+//!
+//! Every function here must never panic, whatever the bytes: that is what the fuzz
+//! targets check.
+
+use crate::format::{namespace_file, record, segment_header};
+use crate::log::reader;
+
+/// A record decoded from the start of a buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedRecord {
+    /// Encoded length: the record is `bytes[..len]`.
+    pub len: usize,
+    /// The namespace id the record names.
+    pub namespace_id: u32,
+    /// Its log sequence number.
+    pub lsn: u64,
+    /// The id bytes.
+    pub id: Vec<u8>,
+    /// The record encoded again from its decoded fields.
+    pub reencoded: Vec<u8>,
+}
+
+/// Decodes and verifies the record at the start of `bytes`; `Err` says why not.
+pub fn decode_record(bytes: &[u8]) -> Result<DecodedRecord, String> {
+    let (decoded, len) = record::decode(bytes).map_err(|e| format!("{e:?}"))?;
+    let mut reencoded = vec![0u8; decoded.encoded_len()];
+    decoded.encode_into(&mut reencoded);
+    Ok(DecodedRecord {
+        len,
+        namespace_id: decoded.namespace_id,
+        lsn: decoded.lsn,
+        id: decoded.id.to_vec(),
+        reencoded,
+    })
+}
+
+/// Encodes a `check_and_set` mark record (for seeds and hand-made damage).
+pub fn encode_mark(namespace_id: u32, lsn: u64, first_seen_ms: u64, id: &[u8]) -> Vec<u8> {
+    let record = record::Record {
+        state: record::State::Mark,
+        namespace_id,
+        lsn,
+        first_seen_ms,
+        id,
+        claim: record::ClaimFields::default(),
+        result: None,
+    };
+    let mut out = vec![0u8; record.encoded_len()];
+    record.encode_into(&mut out);
+    out
+}
+
+/// The fields of a segment header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeaderFields {
+    /// Unix ms at which every key in the segment is forgotten.
+    pub bucket_deadline_ms: u64,
+    /// Segment sequence number.
+    pub segment_seq: u64,
+    /// Unix ms of creation (the store clock's floor at open).
+    pub created_ms: u64,
+    /// Bucket width in force at creation.
+    pub bucket_width_ms: u64,
+}
+
+/// Length of a segment header; the first record starts here.
+pub const SEGMENT_HEADER_LEN: usize = segment_header::LEN;
+
+/// Decodes a segment header; `Err` says what is wrong.
+pub fn decode_segment_header(bytes: &[u8]) -> Result<SegmentHeaderFields, String> {
+    segment_header::SegmentHeader::decode(bytes).map(|h| SegmentHeaderFields {
+        bucket_deadline_ms: h.bucket_deadline_ms,
+        segment_seq: h.segment_seq,
+        created_ms: h.created_ms,
+        bucket_width_ms: h.bucket_width_ms,
+    })
+}
+
+/// Encodes a segment header.
+pub fn encode_segment_header(fields: SegmentHeaderFields) -> [u8; SEGMENT_HEADER_LEN] {
+    segment_header::SegmentHeader {
+        bucket_deadline_ms: fields.bucket_deadline_ms,
+        segment_seq: fields.segment_seq,
+        created_ms: fields.created_ms,
+        bucket_width_ms: fields.bucket_width_ms,
+    }
+    .encode()
+}
+
+/// The file name of a segment.
+pub fn segment_file_name(bucket_deadline_ms: u64, segment_seq: u64) -> String {
+    segment_header::file_name(bucket_deadline_ms, segment_seq)
+}
+
+/// Parses a segment file name into (bucket deadline, seq).
+pub fn parse_segment_file_name(name: &str) -> Option<(u64, u64)> {
+    segment_header::parse_file_name(name)
+}
+
+/// Decodes a `NAMESPACES` file: the names in id order and the valid length, or the
+/// offset and reason of damage before the end.
+pub fn decode_namespace_file(bytes: &[u8]) -> Result<(Vec<String>, usize), (usize, String)> {
+    namespace_file::decode(bytes).map(|d| (d.names, d.valid_len))
+}
+
+/// Encodes a `NAMESPACES` file holding `names` (ids 0, 1, ...).
+pub fn encode_namespace_file(names: &[&str]) -> Vec<u8> {
+    let mut out = namespace_file::encode_header().to_vec();
+    for (id, name) in names.iter().enumerate() {
+        out.extend(namespace_file::encode_entry(id as u32, name));
+    }
+    out
+}
+
+/// What a scan of a segment buffer found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// (offset, encoded length) of every valid record, in order.
+    pub records: Vec<(usize, usize)>,
+    /// End of the last valid record.
+    pub valid_end: usize,
+    /// Offsets of damaged regions that valid records follow.
+    pub corrupt_offsets: Vec<usize>,
+    /// Whether undecodable, non-zero bytes end the buffer.
+    pub torn_tail: bool,
+}
+
+/// Scans `bytes[start..]` the way recovery scans a segment.
+pub fn scan_segment(bytes: &[u8], start: usize) -> Scan {
+    let mut records = Vec::new();
+    let report = reader::scan(bytes, start, |offset, record| {
+        records.push((offset, record.encoded_len()));
+    });
+    Scan {
+        records,
+        valid_end: report.valid_end,
+        corrupt_offsets: report.corrupt_offsets,
+        torn_tail: report.torn_tail,
+    }
+}
