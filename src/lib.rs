@@ -63,3 +63,8 @@ pub use store::{Imported, Stats, Store, StoreBuilder};
 /// Entry points for the fuzz targets in `fuzz/` (not a supported API).
 #[doc(hidden)]
 pub mod fuzzing;
+
+/// The simulated file system and planted bugs of the reliability tests (not a
+/// supported API).
+#[doc(hidden)]
+pub mod testing;

@@ -375,6 +375,15 @@ fn open_namespaces(vfs: &dyn Vfs, dir: &Path) -> Result<Namespaces, Error> {
         .read_small(&path)
         .map_err(|e| Error::io("reading", &path, e))?;
     let decoded = match &existing {
+        // A header torn by a crash while the file was being created (it is synced
+        // before any namespace is added): no entry follows it, so no record can name a
+        // namespace from it, and it is written again below.
+        Some(bytes)
+            if bytes.len() <= namespace_file::HEADER_LEN
+                && namespace_file::decode(bytes).is_err() =>
+        {
+            namespace_file::Decoded::default()
+        }
         Some(bytes) => namespace_file::decode(bytes)
             .map_err(|(offset, reason)| Error::corruption(&path, offset as u64, reason))?,
         None => namespace_file::Decoded::default(),
