@@ -217,21 +217,9 @@ impl Log {
         // before the scan or finds the segment sealed and takes the slow path.
         if let Some((cached_deadline, segment)) = cache.as_ref()
             && *cached_deadline == deadline_ms
+            && let Some(location) = self.append_to(segment, record)?
         {
-            match segment.append(record) {
-                Ok(Appended::At {
-                    offset,
-                    newly_dirty,
-                }) => {
-                    self.mark_dirty(segment, newly_dirty);
-                    return Ok(AppendOutcome::At(Location {
-                        slot: segment.slot,
-                        offset,
-                    }));
-                }
-                Ok(Appended::Full) => {}
-                Err(e) => return Err(Error::io("reserving space in", &segment.path, e)),
-            }
+            return Ok(AppendOutcome::At(location));
         }
         loop {
             let full_slot = {
@@ -244,20 +232,12 @@ impl Log {
                     .get(&deadline_ms)
                     .and_then(|b| b.active.get(stripe).copied().flatten());
                 match active.and_then(|slot| table.get(slot)) {
-                    Some(segment) => match segment.append(record) {
-                        Ok(Appended::At {
-                            offset,
-                            newly_dirty,
-                        }) => {
-                            self.mark_dirty(segment, newly_dirty);
+                    Some(segment) => match self.append_to(segment, record)? {
+                        Some(location) => {
                             *cache = Some((deadline_ms, Arc::clone(segment)));
-                            return Ok(AppendOutcome::At(Location {
-                                slot: segment.slot,
-                                offset,
-                            }));
+                            return Ok(AppendOutcome::At(location));
                         }
-                        Ok(Appended::Full) => Some(segment.slot),
-                        Err(e) => return Err(Error::io("reserving space in", &segment.path, e)),
+                        None => Some(segment.slot),
                     },
                     None => None,
                 }
@@ -266,9 +246,27 @@ impl Log {
         }
     }
 
-    fn mark_dirty(&self, segment: &Arc<Segment>, newly_dirty: bool) {
-        if newly_dirty {
-            self.dirty.lock().push(Arc::clone(segment));
+    /// Appends to `segment`; `None` if it is full or sealed.
+    fn append_to(
+        &self,
+        segment: &Arc<Segment>,
+        record: &Record<'_>,
+    ) -> Result<Option<Location>, Error> {
+        match segment.append(record) {
+            Ok(Appended::At {
+                offset,
+                newly_dirty,
+            }) => {
+                if newly_dirty {
+                    self.dirty.lock().push(Arc::clone(segment));
+                }
+                Ok(Some(Location {
+                    slot: segment.slot,
+                    offset,
+                }))
+            }
+            Ok(Appended::Full) => Ok(None),
+            Err(e) => Err(Error::io("reserving space in", &segment.path, e)),
         }
     }
 
