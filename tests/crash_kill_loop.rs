@@ -433,7 +433,7 @@ fn real_files_kill_loop() {
         }
     }
     println!(
-        "{cycles} real kill -9 cycles in {:.1} s ({early_kills} without waiting for the open): {answers} acknowledged answers; {total_marks} marks and {total_completed} completed claims, each checked after every later kill of its directory (a new one every {ROUND} cycles), 0 lost",
+        "{cycles} real kill -9 cycles in {:.1} s ({early_kills} without waiting for the open): {answers} acknowledged answers; {total_marks} marks and {total_completed} completed claims, each checked after the kill that followed it, 100 random older ones after every kill and all of them every {ROUND} cycles (a new directory each time), 0 lost",
         started.elapsed().as_secs_f64(),
     );
 }
