@@ -64,6 +64,16 @@ pub enum Error {
     },
     /// The store was closed.
     Closed,
+    /// `check_and_set_many` failed partway: `outcomes` answers the first
+    /// `outcomes.len()` ids of the batch (those are applied and, in `Immediate` mode,
+    /// durable); the rest were not touched. Process the ids answered `First`, then
+    /// retry the rest of the batch.
+    PartialBatch {
+        /// The answers for the leading ids of the batch, in order.
+        outcomes: Vec<crate::Outcome>,
+        /// Why the batch stopped.
+        source: Box<Error>,
+    },
 }
 
 /// Where a file is damaged: opaque apart from its location and a description.
@@ -137,6 +147,11 @@ impl fmt::Display for Error {
                 Ok(())
             }
             Error::Closed => write!(f, "the store is closed; open it again to continue"),
+            Error::PartialBatch { outcomes, source } => write!(
+                f,
+                "the batch stopped after its first {} ids: {source}; those ids are answered in `outcomes` (process the ones answered First), retry the rest",
+                outcomes.len()
+            ),
         }
     }
 }
@@ -145,6 +160,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io { source, .. } => Some(source),
+            Error::PartialBatch { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

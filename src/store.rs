@@ -674,9 +674,26 @@ impl Inner {
         let mut outcomes = Vec::with_capacity(ids.len());
         let mut wait = false;
         for id in ids {
-            let (outcome, needs_wait) = self.check_and_set_one(namespace, id.as_ref())?;
-            wait |= needs_wait;
-            outcomes.push(outcome);
+            match self.check_and_set_one(namespace, id.as_ref()) {
+                Ok((outcome, needs_wait)) => {
+                    wait |= needs_wait;
+                    outcomes.push(outcome);
+                }
+                // Nothing of the batch was applied: a plain error, safe to retry whole.
+                Err(e) if outcomes.is_empty() => return Err(e),
+                // Part of the batch was applied: the caller must learn which ids were
+                // answered `First`, or a retry of the whole batch would get `Duplicate`
+                // for them and nobody would process those messages.
+                Err(e) => {
+                    if wait {
+                        self.committer.wait_durable()?;
+                    }
+                    return Err(Error::PartialBatch {
+                        outcomes,
+                        source: Box::new(e),
+                    });
+                }
+            }
         }
         if wait {
             self.committer.wait_durable()?;

@@ -270,6 +270,32 @@ fn a_full_disk_is_an_io_error_that_loses_nothing_and_passes_when_space_is_freed(
         let e = ns.check_and_set(id(failed)).unwrap_err();
         assert!(is_disk_full(&e), "{e:?}");
     }
+    // A batch either fails whole (nothing applied) or says exactly which leading ids it
+    // applied, so a consumer can process those and retry the rest: never an error that
+    // leaves ids marked behind the caller's back.
+    let batch: Vec<String> = (0..64).map(|k| id(failed + 10_000 + k)).collect();
+    let applied = match ns.check_and_set_many(&batch) {
+        Err(Error::PartialBatch { outcomes, source }) => {
+            assert!(is_disk_full(&source), "{source:?}");
+            assert!(outcomes.iter().all(Outcome::is_first), "{outcomes:?}");
+            outcomes.len()
+        }
+        Err(e) => {
+            assert!(is_disk_full(&e), "{e:?}");
+            0
+        }
+        Ok(outcomes) => panic!("a batch on a full disk succeeded: {outcomes:?}"),
+    };
+    for (k, batch_id) in batch.iter().enumerate() {
+        assert_eq!(
+            ns.get(batch_id).unwrap().is_some(),
+            k < applied,
+            "batch id {k} of {applied} applied"
+        );
+    }
+    eprintln!("a batch of 64 on the full disk applied {applied} ids");
+    acknowledged.extend((0..applied).map(|k| failed + 10_000 + k));
+
     // A claim lands in its own shard's log stripe, whose segment may still have
     // reserved room: it either succeeds or fails with the same error.
     let mut claim_completed = false;
