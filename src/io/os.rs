@@ -138,6 +138,32 @@ impl OsSegmentFile {
         })
     }
 
+    /// Maps the pages of `offset..offset + len` writable now, in one call, so that
+    /// appends do not take a page fault per page while holding the segment's append
+    /// lock. Best effort: an old kernel without `MADV_POPULATE_WRITE` faults lazily.
+    fn prefault(&self, offset: u64, len: u64) {
+        let Some(map) = &self.map else { return };
+        let page = 4096u64;
+        let start = offset / page * page;
+        let end = offset.saturating_add(len).min(self.capacity);
+        if end <= start {
+            return;
+        }
+        // SAFETY: start..end lies inside the mapping (end <= capacity, the mapping's
+        // length) and start is page-aligned; MADV_POPULATE_WRITE only faults the pages
+        // in, writing nothing (the file's bytes there are already allocated).
+        let rc = unsafe {
+            libc::madvise(
+                map.as_mut_ptr().add(start as usize).cast(),
+                (end - start) as usize,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            tracing::trace!(error = %io::Error::last_os_error(), "MADV_POPULATE_WRITE unavailable");
+        }
+    }
+
     fn check_range(&self, offset: u64, len: usize) -> *mut u8 {
         let end = offset.checked_add(len as u64);
         assert!(
@@ -179,16 +205,17 @@ impl SegmentFile for OsSegmentFile {
         };
         // SAFETY: fallocate on a file descriptor we own; no memory is passed.
         let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, len_i) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(err);
+            }
             // A file system without fallocate: write zeros to get the blocks.
             let zeros = vec![0u8; len as usize];
-            return self.file.write_all_at(&zeros, offset);
+            self.file.write_all_at(&zeros, offset)?;
         }
-        Err(err)
+        self.prefault(offset, len);
+        Ok(())
     }
 
     fn sync_data(&self) -> io::Result<()> {
