@@ -39,7 +39,7 @@ pub(crate) mod limits {
     pub const SHARDS_MAX: usize = 1 << 16;
     /// Smallest and largest segment size (offsets in the index are `u32`).
     pub const SEGMENT_SIZE_BYTES_MIN: u64 = 64 * 1024;
-    pub const SEGMENT_SIZE_BYTES_MAX: u64 = 64 << 20;
+    pub const SEGMENT_SIZE_BYTES_MAX: u64 = 16 << 20;
     /// Smallest bucket width and ttl.
     pub const BUCKET_WIDTH_MS_MIN: u64 = 1_000;
     pub const TTL_MS_MIN: u64 = 1_000;
@@ -77,7 +77,7 @@ impl Default for Options {
             max_key_len: 1024,
             max_result_len: 4096,
             max_ttl_ms: 400 * 24 * 3600 * 1000,
-            segment_size_bytes_max: 64 << 20,
+            segment_size_bytes_max: 16 << 20,
             strict: false,
             clock: Arc::new(SystemClock),
         }

@@ -89,7 +89,7 @@ impl StoreBuilder {
         self
     }
 
-    /// Size of one segment file (default and largest 64 MiB, at least 64 KiB and at least
+    /// Size of one segment file (default and largest 16 MiB, at least 64 KiB and at least
     /// the largest record the key and result limits allow).
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.options.segment_size_bytes_max = bytes;

@@ -360,7 +360,7 @@ fn invalid_builder_options_are_refused_and_leave_the_store_openable() {
             .open(),
     );
     assert_invalid_option(b().segment_size(64 * 1024 - 1).open());
-    assert_invalid_option(b().segment_size((64 << 20) + 1).open());
+    assert_invalid_option(b().segment_size((16 << 20) + 1).open());
     // A segment must hold the largest record the key and result limits allow.
     assert_invalid_option(b().segment_size(64 * 1024).max_result_len(64 * 1024).open());
     assert_invalid_option(
@@ -384,7 +384,7 @@ fn invalid_builder_options_are_refused_and_leave_the_store_openable() {
         b().max_key_len(6).max_result_len(1 << 20),
         b().max_ttl(Duration::from_secs(1)),
         b().segment_size(64 * 1024),
-        b().segment_size(64 << 20),
+        b().segment_size(16 << 20),
         // 32 + 1024 + 40 + result + 64-byte header == the segment size exactly.
         b().segment_size(64 * 1024)
             .max_result_len(64 * 1024 - 32 - 1024 - 40 - 64),

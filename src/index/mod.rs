@@ -34,8 +34,8 @@ impl KeyHash {
 }
 
 /// Bits of an entry: offset in the segment, segment slot, fingerprint.
-const OFFSET_BITS: u32 = 26;
-const SLOT_BITS: u32 = 16;
+const OFFSET_BITS: u32 = 24;
+const SLOT_BITS: u32 = 20;
 const FINGERPRINT_BITS: u32 = 64 - OFFSET_BITS - SLOT_BITS;
 const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
@@ -45,11 +45,11 @@ const FINGERPRINT_MASK: u64 = (1 << FINGERPRINT_BITS) - 1;
 pub(crate) const SEGMENT_SLOTS_MAX: usize = 1 << SLOT_BITS;
 
 const _: () = assert!(crate::options::limits::SEGMENT_SIZE_BYTES_MAX <= 1 << OFFSET_BITS);
-const _: () = assert!(FINGERPRINT_BITS == 22);
-// The shard is picked from bits 32.. of the hash, the fingerprint from bits ..22: independent.
+const _: () = assert!(FINGERPRINT_BITS == 20);
+// The shard is picked from bits 32.. of the hash, the fingerprint from bits ..20: independent.
 const _: () = assert!(FINGERPRINT_BITS <= 32);
 
-/// One index entry: 8 bytes, `fingerprint:22 | slot:16 | offset:26`.
+/// One index entry: 8 bytes, `fingerprint:20 | slot:20 | offset:24`.
 ///
 /// At hashbrown's load factors (7/8 just before growth, 7/16 just after) plus one
 /// control byte per bucket, that is 10.3 to 20.6 bytes of memory per key.
