@@ -33,6 +33,8 @@ use std::time::Duration;
 
 use idemstore::{Begin, Durability, Error, ManualClock, Policy, Record, Store, UnixMs, fuzzing};
 
+mod support;
+
 const START_MS: u64 = 1_700_000_000_000;
 const SEGMENT_SIZE: u64 = 64 * 1024;
 /// (name, ttl): the namespace ids are their positions.
@@ -67,32 +69,18 @@ fn never_written() -> Vec<Key> {
         .collect()
 }
 
-struct Rng(u64);
+/// The shared seeded generator (`tests/support`), with indices in `usize`.
+struct Rng(support::Rng);
 
 impl Rng {
     fn from_env() -> Rng {
-        let seed = std::env::var("IDEMSTORE_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-            });
-        eprintln!("corruption_matrix: IDEMSTORE_SEED={seed}");
-        Rng(seed)
+        Rng(support::Rng::new(support::seed("corruption_matrix")))
     }
-    /// splitmix64
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next()
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n as u64) as usize
     }
 }
 
