@@ -31,7 +31,7 @@ impl Vfs for OsVfs {
         // flock: held per open file description, so a second open in this process
         // conflicts too; released by the kernel when the holder dies.
         match file.try_lock() {
-            Ok(()) => Ok(Some(Box::new(file))),
+            Ok(()) => Ok(Some(Box::new(HeldLock(file)))),
             Err(TryLockError::WouldBlock) => Ok(None),
             Err(TryLockError::Error(e)) => Err(e),
         }
@@ -91,6 +91,17 @@ impl Vfs for OsVfs {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+}
+
+/// The directory lock. Dropping it unlocks explicitly: closing the descriptor alone is
+/// not enough when a child process forked by another thread still holds a duplicate of
+/// it until its `exec`, and a reopen right after `close` would then see `Locked`.
+struct HeldLock(File);
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
     }
 }
 
