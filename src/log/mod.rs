@@ -9,8 +9,8 @@ pub(crate) mod segment;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -97,6 +97,68 @@ pub(crate) enum AppendOutcome {
     Retired,
 }
 
+/// Slots per chunk of the segment directory.
+const DIRECTORY_CHUNK: usize = 1024;
+
+/// A lock-free view of the segment table's slots, for reads through an index entry:
+/// the hot path then touches no shared lock word (the table's `RwLock` is a cache
+/// line every reader writes). Chunks are allocated on first use and live as long as
+/// the log.
+///
+/// A slot holds `Arc::as_ptr` of the segment the table owns, set when the segment is
+/// inserted and cleared before the table drops it.
+struct Directory {
+    chunks: Box<[OnceLock<Box<[AtomicPtr<Segment>]>>]>,
+}
+
+impl Directory {
+    fn new() -> Directory {
+        Directory {
+            chunks: (0..SEGMENT_SLOTS_MAX.div_ceil(DIRECTORY_CHUNK))
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
+
+    fn slot(&self, slot: SegmentSlot) -> &AtomicPtr<Segment> {
+        let slot = slot.0 as usize;
+        &self.chunks[slot / DIRECTORY_CHUNK].get_or_init(|| {
+            (0..DIRECTORY_CHUNK)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect()
+        })[slot % DIRECTORY_CHUNK]
+    }
+
+    fn set(&self, segment: &Arc<Segment>) {
+        self.slot(segment.slot)
+            .store(Arc::as_ptr(segment).cast_mut(), Ordering::Release);
+    }
+
+    fn clear(&self, slot: SegmentSlot) {
+        self.slot(slot)
+            .store(std::ptr::null_mut(), Ordering::Release);
+    }
+
+    /// Calls `f` with the segment in `slot`, if any.
+    ///
+    /// The caller must hold (or own, during recovery) the index shard whose entry
+    /// names `slot`. That makes the dereference sound: a segment leaves the table
+    /// only in `Log::delete_segment`, which the reaper calls after it removed every
+    /// entry pointing into the segment, each under its shard's lock. While the
+    /// caller's shard still holds an entry naming `slot`, that has not happened, so
+    /// the table's `Arc` keeps the segment alive for the whole call.
+    fn with<R>(&self, slot: SegmentSlot, f: impl FnOnce(&Segment) -> R) -> Option<R> {
+        let chunk = self.chunks.get(slot.0 as usize / DIRECTORY_CHUNK)?.get()?;
+        let pointer = chunk[slot.0 as usize % DIRECTORY_CHUNK].load(Ordering::Acquire);
+        if pointer.is_null() {
+            return None;
+        }
+        // SAFETY: non-null pointers in the directory come from `Arc::as_ptr` of a
+        // segment the table holds, and stay valid while it does (see above).
+        Some(f(unsafe { &*pointer }))
+    }
+}
+
 pub(crate) struct Log {
     pub dir: PathBuf,
     vfs: Arc<dyn Vfs>,
@@ -105,6 +167,7 @@ pub(crate) struct Log {
     /// Active segments per bucket (at most the number of shards).
     stripes: usize,
     pub table: RwLock<SegmentTable>,
+    directory: Directory,
     next_seq: AtomicU64,
     /// Buckets with a deadline at or before this are retired: no appends.
     retired_through_ms: AtomicU64,
@@ -135,6 +198,7 @@ impl Log {
             bucket_width_ms,
             stripes,
             table: RwLock::new(SegmentTable::default()),
+            directory: Directory::new(),
             next_seq: AtomicU64::new(next_seq),
             retired_through_ms: AtomicU64::new(0),
             dirty: Mutex::new(Vec::new()),
@@ -176,6 +240,7 @@ impl Log {
         let mut table = self.table.write();
         let slot = table.next_slot()?;
         let segment = Arc::new(make(slot));
+        self.directory.set(&segment);
         table.insert(segment, None);
         Ok(())
     }
@@ -333,44 +398,38 @@ impl Log {
             allocated,
         ));
         self.dirty.lock().push(Arc::clone(&segment));
+        self.directory.set(&segment);
         table.insert(segment, Some(stripe));
         tracing::debug!(deadline_ms, seq, "opened segment");
         Ok(())
     }
 
-    /// Calls `f` with the verified record at `location`.
+    /// Calls `f` with the verified record at `location`, which an index entry names:
+    /// the caller holds (or, in recovery, owns) that entry's shard.
     pub(crate) fn with_record<R>(
         &self,
         location: Location,
         cached: Option<&Arc<Segment>>,
         f: impl FnOnce(&Segment, Record<'_>) -> R,
     ) -> Result<R, Error> {
-        if let Some(segment) = cached.filter(|s| s.slot == location.slot) {
-            return match segment.read(location.offset) {
-                Ok(record) => Ok(f(segment, record)),
-                Err(reason) => Err(Error::corruption(
-                    &segment.path,
-                    u64::from(location.offset),
-                    reason,
-                )),
-            };
-        }
-        let table = self.table.read();
-        let Some(segment) = table.get(location.slot) else {
-            return Err(Error::corruption(
-                &self.dir,
-                u64::from(location.offset),
-                "index points to a missing segment",
-            ));
-        };
-        match segment.read(location.offset) {
+        let read = |segment: &Segment| match segment.read(location.offset) {
             Ok(record) => Ok(f(segment, record)),
             Err(reason) => Err(Error::corruption(
                 &segment.path,
                 u64::from(location.offset),
                 reason,
             )),
+        };
+        if let Some(segment) = cached.filter(|s| s.slot == location.slot) {
+            return read(segment);
         }
+        self.directory.with(location.slot, read).unwrap_or_else(|| {
+            Err(Error::corruption(
+                &self.dir,
+                u64::from(location.offset),
+                "index points to a missing segment",
+            ))
+        })
     }
 
     /// Syncs every segment with unsynced writes, and the directory if files changed.
@@ -424,7 +483,11 @@ impl Log {
 
     /// Drops a retired segment whose records are no longer indexed, and deletes its file.
     pub(crate) fn delete_segment(&self, segment: &Segment) -> Result<(), Error> {
-        self.table.write().remove(segment.slot);
+        {
+            let mut table = self.table.write();
+            self.directory.clear(segment.slot);
+            table.remove(segment.slot);
+        }
         tracing::debug!(
             seq = segment.seq,
             deadline_ms = segment.deadline_ms,
