@@ -9,7 +9,8 @@
 //! than k calls of that kind, the k-th call is failed — once, and then from the k-th
 //! on ("forever"). After each run the test asserts: the operation during which the
 //! call failed returned an error (except where the engine documents that it only logs:
-//! the reaper thread, and trimming a recovered segment's tail at open); a failed sync
+//! the reaper thread, trimming a recovered segment's tail at open, and reserving a
+//! segment's next step ahead of need, after the append that triggered it); a failed sync
 //! or namespace write poisons the store (a fresh write returns exactly
 //! `Error::Poisoned`, no later write is acknowledged, and `close` reports the failure
 //! without trimming anything), while a failed create / allocate / remove / truncate is
@@ -354,8 +355,12 @@ fn run_with_fault(steps: &[Step], kind: CallKind, nth: u64, forever: bool) -> Op
             .find(|(_, b, a, _)| *b < hit.call && hit.call <= *a)
             .and_then(|(_, _, _, e)| e.clone());
         site = Some((kind, label, thread.clone()));
-        let logged_only =
-            thread == "idemstore-reaper" || (kind == CallKind::SegmentTruncate && label == "open");
+        // Reserving space ahead of need runs after the append that triggered it
+        // succeeded: its failure is logged, and an append that then finds no room
+        // reserves under the lock (SegmentAllocate) and reports it.
+        let logged_only = thread == "idemstore-reaper"
+            || (kind == CallKind::SegmentTruncate && label == "open")
+            || kind == CallKind::SegmentAllocateAhead;
         if logged_only {
             assert!(
                 step_error.is_none() || label == "between operations",

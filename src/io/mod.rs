@@ -60,6 +60,12 @@ pub(crate) trait SegmentFile: Send + Sync {
     /// Reserves disk blocks for `offset..offset + len` so that writes through the map
     /// cannot fail for lack of space (that would be a SIGBUS, not an error).
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// `allocate` done ahead of need, outside the append lock: a failure is only
+    /// logged, since the append that later needs the space reserves it again (under
+    /// the lock) and reports the error then.
+    fn allocate_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.allocate(offset, len)
+    }
     /// Makes every write before this call durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
     /// Shrinks the file to `len` bytes; no published byte lies beyond `len`.

@@ -68,6 +68,9 @@ pub enum CallKind {
     SegmentWrite,
     /// `SegmentFile::allocate` (fallocate: where a full disk shows).
     SegmentAllocate,
+    /// `SegmentFile::allocate_ahead` (fallocate of the next step, outside the append
+    /// lock; a failure is only logged).
+    SegmentAllocateAhead,
     /// `SegmentFile::sync_data`.
     SegmentSync,
     /// `SegmentFile::truncate`.
@@ -76,7 +79,7 @@ pub enum CallKind {
 
 impl CallKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [CallKind; 16] = [
+    pub const ALL: [CallKind; 17] = [
         CallKind::CreateDirAll,
         CallKind::LockDir,
         CallKind::List,
@@ -91,6 +94,7 @@ impl CallKind {
         CallKind::AppendSync,
         CallKind::SegmentWrite,
         CallKind::SegmentAllocate,
+        CallKind::SegmentAllocateAhead,
         CallKind::SegmentSync,
         CallKind::SegmentTruncate,
     ];
@@ -732,6 +736,35 @@ struct SimSegmentFile {
 }
 
 impl SimSegmentFile {
+    fn allocate_as(&self, kind: CallKind, offset: u64, len: u64) -> io::Result<()> {
+        let mut state = self.vfs.enter(kind)?;
+        let end = offset
+            .checked_add(len)
+            .and_then(|end| usize::try_from(end).ok())
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        let file = state.files.get_mut(&self.id).expect("open file exists");
+        if let Live::Mapped {
+            len: file_len,
+            allocated,
+            ..
+        } = &mut file.live
+        {
+            if end > self.capacity {
+                return Err(io::Error::other("allocate beyond the end of the map"));
+            }
+            if end > *file_len {
+                // fallocate extends the file, and an extension reads as zeros.
+                // SAFETY: in bounds (end <= capacity <= buffer length); the range lies
+                // beyond the end of the file, so nothing is published there, and we
+                // hold the state lock under which every write happens.
+                unsafe { self.buffer.slice_mut(*file_len, end - *file_len) }.fill(0);
+                *file_len = end;
+            }
+            *allocated = (*allocated).max(end);
+        }
+        Ok(())
+    }
+
     fn check_range(&self, offset: u64, len: usize) -> usize {
         let offset = usize::try_from(offset).unwrap_or(usize::MAX);
         assert!(
@@ -791,32 +824,11 @@ impl SegmentFile for SimSegmentFile {
     }
 
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        let mut state = self.vfs.enter(CallKind::SegmentAllocate)?;
-        let end = offset
-            .checked_add(len)
-            .and_then(|end| usize::try_from(end).ok())
-            .ok_or(io::ErrorKind::InvalidInput)?;
-        let file = state.files.get_mut(&self.id).expect("open file exists");
-        if let Live::Mapped {
-            len: file_len,
-            allocated,
-            ..
-        } = &mut file.live
-        {
-            if end > self.capacity {
-                return Err(io::Error::other("allocate beyond the end of the map"));
-            }
-            if end > *file_len {
-                // fallocate extends the file, and an extension reads as zeros.
-                // SAFETY: in bounds (end <= capacity <= buffer length); the range lies
-                // beyond the end of the file, so nothing is published there, and we
-                // hold the state lock under which every write happens.
-                unsafe { self.buffer.slice_mut(*file_len, end - *file_len) }.fill(0);
-                *file_len = end;
-            }
-            *allocated = (*allocated).max(end);
-        }
-        Ok(())
+        self.allocate_as(CallKind::SegmentAllocate, offset, len)
+    }
+
+    fn allocate_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.allocate_as(CallKind::SegmentAllocateAhead, offset, len)
     }
 
     fn sync_data(&self) -> io::Result<()> {

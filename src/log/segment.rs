@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::format::record::{self, Record};
 use crate::format::segment_header;
@@ -33,6 +33,8 @@ pub(crate) struct Segment {
     pub path: PathBuf,
     pub file: Arc<dyn SegmentFile>,
     append: Mutex<AppendState>,
+    /// Signalled when an extension of the reserved space finishes.
+    extended: Condvar,
     /// Bytes from the start of the file that hold complete records; advanced with
     /// `Release` after each record is written.
     published: AtomicU64,
@@ -43,6 +45,8 @@ pub(crate) struct Segment {
 struct AppendState {
     /// Bytes reserved on disk with `allocate`.
     allocated: u64,
+    /// An appender is reserving the next step outside the lock (see `append`).
+    extending: bool,
     /// No more appends (full, or its bucket is retired, or recovered from disk).
     sealed: bool,
     /// The segment has writes the commit thread has not synced yet (it is on the log's
@@ -78,9 +82,11 @@ impl Segment {
             file,
             append: Mutex::new(AppendState {
                 allocated,
+                extending: false,
                 sealed: false,
                 dirty: true,
             }),
+            extended: Condvar::new(),
             published: AtomicU64::new(segment_header::LEN as u64),
             durable: AtomicU64::new(0),
         }
@@ -103,9 +109,11 @@ impl Segment {
             file,
             append: Mutex::new(AppendState {
                 allocated: valid_len,
+                extending: false,
                 sealed: true,
                 dirty: false,
             }),
+            extended: Condvar::new(),
             published: AtomicU64::new(valid_len),
             durable: AtomicU64::new(valid_len),
         }
@@ -139,33 +147,69 @@ impl Segment {
     /// Appends `record`; returns its offset, or `Full` if it does not fit (or the
     /// segment is sealed). An error means the disk refused to reserve space: nothing
     /// was written.
+    ///
+    /// Space is reserved ahead in growing steps. When less than half a step is left,
+    /// the appender that notices reserves the next step *after* releasing the append
+    /// lock (`fallocate` and prefaulting 4 MiB take milliseconds), so other writers
+    /// keep appending into the space already reserved. Only an append that finds no
+    /// reserved room left reserves under the lock, or waits for the extension running.
     pub(crate) fn append(&self, record: &Record<'_>) -> io::Result<Appended> {
         let len = record.encoded_len() as u64;
         let mut state = self.append.lock();
-        if state.sealed {
-            return Ok(Appended::Full);
-        }
-        let offset = self.published.load(Ordering::Relaxed);
-        let end = offset + len;
-        if end > self.file.capacity() {
-            state.sealed = true;
-            return Ok(Appended::Full);
-        }
-        if end > state.allocated {
-            let step = (state.allocated.max(ALLOCATE_STEP_MIN))
-                .clamp(ALLOCATE_STEP_MIN, ALLOCATE_STEP_MAX);
-            let new_allocated = (state.allocated + step).max(end).min(self.file.capacity());
+        let (offset, end) = loop {
+            if state.sealed {
+                return Ok(Appended::Full);
+            }
+            let offset = self.published.load(Ordering::Relaxed);
+            let end = offset + len;
+            if end > self.file.capacity() {
+                state.sealed = true;
+                return Ok(Appended::Full);
+            }
+            if end <= state.allocated {
+                break (offset, end);
+            }
+            if state.extending {
+                self.extended.wait(&mut state);
+                continue;
+            }
+            let new_allocated = self.next_allocation(state.allocated).max(end);
             self.file
                 .allocate(state.allocated, new_allocated - state.allocated)?;
             state.allocated = new_allocated;
-        }
+        };
         self.file
             .write_with(offset, len as usize, &mut |out| record.encode_into(out));
         debug_assert!(record::decode(self.file.read(offset, len as usize)).is_ok());
         self.published.store(end, Ordering::Release);
         let newly_dirty = !state.dirty;
         state.dirty = true;
+        let extend = (!state.extending
+            && state.allocated < self.file.capacity()
+            && state.allocated - end < self.step(state.allocated) / 2)
+            .then(|| {
+                state.extending = true;
+                (state.allocated, self.next_allocation(state.allocated))
+            });
         drop(state);
+        if let Some((from, to)) = extend {
+            // A failure here is not this append's: it is written. The next append
+            // that finds no room reserves under the lock and reports the error.
+            let reserved = match self.file.allocate_ahead(from, to - from) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(file = %self.path.display(), error = %e, "could not reserve the next step of a segment ahead of need");
+                    false
+                }
+            };
+            let mut state = self.append.lock();
+            if reserved {
+                state.allocated = state.allocated.max(to);
+            }
+            state.extending = false;
+            drop(state);
+            self.extended.notify_all();
+        }
         // Offsets fit in u32: capacity is at most SEGMENT_SIZE_BYTES_MAX.
         Ok(Appended::At {
             offset: offset as u32,
@@ -173,9 +217,26 @@ impl Segment {
         })
     }
 
+    /// The size of the reservation step after `allocated` bytes: doubling from 64 KiB
+    /// up to 4 MiB.
+    fn step(&self, allocated: u64) -> u64 {
+        allocated.clamp(ALLOCATE_STEP_MIN, ALLOCATE_STEP_MAX)
+    }
+
+    /// The reserved length after one more step, within the capacity.
+    fn next_allocation(&self, allocated: u64) -> u64 {
+        (allocated + self.step(allocated)).min(self.file.capacity())
+    }
+
     /// Stops appends to this segment (its bucket is retired or it is being closed).
     pub(crate) fn seal(&self) {
-        self.append.lock().sealed = true;
+        let mut state = self.append.lock();
+        // An extension running outside the lock must end first: sealing comes before
+        // trimming the file at close, and a late `fallocate` would grow it again.
+        while state.extending {
+            self.extended.wait(&mut state);
+        }
+        state.sealed = true;
     }
 
     /// Bytes reserved on disk for this segment.
