@@ -257,6 +257,26 @@ fn main() {
         store.close().unwrap();
     }
 
+    // idemstore without syncs (`Durability::None`): what the `Interval` mode's
+    // background fdatasync costs the writers (on a VM, its TLB-shootdown IPIs).
+    progress("idemstore check_and_set, no sync");
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::builder(dir.path())
+            .durability(Durability::None)
+            .open()
+            .unwrap();
+        let ns = store.namespace("bench", Policy::ttl(TTL)).unwrap();
+        let fresh = run(t, n, |i| {
+            assert!(ns.check_and_set(key(i)).unwrap().is_first())
+        });
+        rows.insert(
+            format!("idemstore check_and_set fresh, no sync ({t} threads, {n} keys)"),
+            fresh,
+        );
+        store.close().unwrap();
+    }
+
     // idemstore, Immediate mode.
     progress("idemstore immediate");
     {

@@ -38,8 +38,8 @@ def main():
     by_threads = []
     for t in [int(x) for x in args.threads.split(",")]:
         r = run(1_000_000, t)
-        by_threads.append((t, pick(r, "idemstore check_and_set fresh"),
-                           pick(r, "idemstore check_and_set duplicate"),
+        by_threads.append((t, pick(r, "idemstore check_and_set fresh, interval"),
+                           pick(r, "idemstore check_and_set duplicate, interval"),
                            pick(r, "ceiling: hashbrown insert")))
         print(f"threads={t}: fresh {by_threads[-1][1]:.0f}/s dup {by_threads[-1][2]:.0f}/s "
               f"ceiling {by_threads[-1][3]:.0f}/s", file=sys.stderr)
@@ -47,8 +47,8 @@ def main():
     for n in [int(x) for x in args.keys.split(",")]:
         r = run(n, 2)
         f = r["facts"]
-        by_keys.append((n, pick(r, "idemstore check_and_set fresh"),
-                        pick(r, "idemstore check_and_set duplicate"),
+        by_keys.append((n, pick(r, "idemstore check_and_set fresh, interval"),
+                        pick(r, "idemstore check_and_set duplicate, interval"),
                         pick(r, "ceiling: hashbrown insert"),
                         float(f["memory per key, anonymous RSS delta (bytes)"]),
                         float(f["index bytes per key (table allocation)"]),
