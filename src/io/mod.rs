@@ -66,6 +66,11 @@ pub(crate) trait SegmentFile: Send + Sync {
     fn allocate_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
         self.allocate(offset, len)
     }
+    /// A hint: `offset..offset + len` is written and will not be written again, so
+    /// its pages may leave this process's page tables (the bytes stay in the page
+    /// cache; a later read maps them back). Called before a sync, it spares the sync
+    /// write-protecting each of those pages with its own TLB shootdown.
+    fn release_written(&self, _offset: u64, _len: u64) {}
     /// Makes every write before this call durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
     /// Shrinks the file to `len` bytes; no published byte lies beyond `len`.

@@ -175,6 +175,34 @@ impl OsSegmentFile {
         }
     }
 
+    /// Unmaps the whole pages inside `offset..offset + len` (`MADV_DONTNEED` on a
+    /// shared file mapping drops only the page-table entries; dirty data stays in the
+    /// page cache and is written back as usual). Best effort.
+    fn unmap_pages(&self, offset: u64, len: u64) {
+        let Some(map) = &self.map else { return };
+        let page = page_size();
+        let start = offset.next_multiple_of(page);
+        let end = offset.saturating_add(len).min(self.capacity) / page * page;
+        if end <= start {
+            return;
+        }
+        // SAFETY: start..end lies inside the mapping and is page-aligned. For a shared
+        // file mapping MADV_DONTNEED only zaps page-table entries: the file's bytes
+        // stay in the page cache, and any later access faults them back in. No byte
+        // of the range is being written (the caller passes published, never-rewritten
+        // bytes), and a concurrent reader merely takes a page fault.
+        let rc = unsafe {
+            libc::madvise(
+                map.as_mut_ptr().add(start as usize).cast(),
+                (end - start) as usize,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            tracing::trace!(error = %io::Error::last_os_error(), "MADV_DONTNEED failed");
+        }
+    }
+
     fn check_range(&self, offset: u64, len: usize) -> *mut u8 {
         let end = offset.checked_add(len as u64);
         assert!(
@@ -188,6 +216,16 @@ impl OsSegmentFile {
             None => std::ptr::NonNull::dangling().as_ptr(),
         }
     }
+}
+
+/// The system's page size.
+fn page_size() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
+    })
 }
 
 /// How far past the end of an append the next cache line is prefetched.
@@ -242,6 +280,10 @@ impl SegmentFile for OsSegmentFile {
         }
         self.prefault(offset, len);
         Ok(())
+    }
+
+    fn release_written(&self, offset: u64, len: u64) {
+        self.unmap_pages(offset, len);
     }
 
     fn sync_data(&self) -> io::Result<()> {

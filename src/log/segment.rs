@@ -40,6 +40,9 @@ pub(crate) struct Segment {
     published: AtomicU64,
     /// Published bytes that the last sync made durable.
     durable: AtomicU64,
+    /// Bytes up to which the commit thread released the written pages from the
+    /// process's page tables (`SegmentFile::release_written`).
+    released: AtomicU64,
 }
 
 struct AppendState {
@@ -89,6 +92,7 @@ impl Segment {
             extended: Condvar::new(),
             published: AtomicU64::new(segment_header::LEN as u64),
             durable: AtomicU64::new(0),
+            released: AtomicU64::new(0),
         }
     }
 
@@ -116,6 +120,7 @@ impl Segment {
             extended: Condvar::new(),
             published: AtomicU64::new(valid_len),
             durable: AtomicU64::new(valid_len),
+            released: AtomicU64::new(valid_len),
         }
     }
 
@@ -251,6 +256,15 @@ impl Segment {
             state.dirty = false;
             self.published.load(Ordering::Relaxed)
         };
+        // Pages written through the map are write-protected by the sync, one TLB
+        // shootdown (an IPI to every core running a writer) per page; unmapping the
+        // fully written ones first costs one shootdown for the whole range. Bytes below
+        // `published` are never written again.
+        let released = self.released.load(Ordering::Relaxed);
+        if published > released {
+            self.file.release_written(released, published - released);
+            self.released.store(published, Ordering::Relaxed);
+        }
         self.file.sync_data()?;
         self.durable.fetch_max(published, Ordering::AcqRel);
         Ok(())
