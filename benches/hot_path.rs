@@ -87,6 +87,18 @@ fn check_and_set(c: &mut Criterion) {
         );
     }
     {
+        // What the Interval mode's background syncs cost the writers.
+        let (_dir, _store, ns) = open(Durability::None);
+        let next = AtomicU64::new(0);
+        group.bench_function(BenchmarkId::new("fresh, no sync", "2 threads"), |b| {
+            b.iter_custom(|iters| {
+                parallel(2, iters, &next, |n| {
+                    assert!(ns.check_and_set(key(n)).unwrap().is_first());
+                })
+            })
+        });
+    }
+    {
         let (_dir, _store, ns) = open(Durability::Immediate);
         let next = AtomicU64::new(0);
         group.sample_size(10);
@@ -184,12 +196,29 @@ fn recovery(c: &mut Criterion) {
         store.close().unwrap();
     }
     group.throughput(Throughput::Elements(KEYS));
-    group.bench_function("open (replay) of 1M keys", |b| {
-        b.iter(|| {
+    // A clean close writes an index checkpoint and the next open loads (and removes)
+    // it; removing it first makes the open replay every record.
+    let checkpoint = dir.path().join("CHECKPOINT");
+    // Only the open is timed; each close writes the checkpoint again.
+    let timed_open = |iters: u64, replay: bool| {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            if replay {
+                let _ = std::fs::remove_file(&checkpoint);
+            }
+            let start = Instant::now();
             let store = Store::open(dir.path()).unwrap();
+            total += start.elapsed();
             assert_eq!(store.stats().live_keys, KEYS);
             store.close().unwrap();
-        })
+        }
+        total
+    };
+    group.bench_function("open of 1M keys from a checkpoint", |b| {
+        b.iter_custom(|iters| timed_open(iters, false))
+    });
+    group.bench_function("open (replay) of 1M keys", |b| {
+        b.iter_custom(|iters| timed_open(iters, true))
     });
     group.finish();
 }
