@@ -52,7 +52,20 @@ pub trait Clock: Send + Sync + 'static {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[inline]
     fn now(&self) -> UnixMs {
+        // One vDSO call and integer arithmetic: this runs on every operation, and
+        // `SystemTime::duration_since` adds checked conversions around the same call.
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } == 0
+            && let (Ok(secs), Ok(nanos)) = (u64::try_from(ts.tv_sec), u64::try_from(ts.tv_nsec))
+        {
+            return UnixMs(secs.saturating_mul(1000).saturating_add(nanos / 1_000_000));
+        }
         let since_epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
@@ -135,6 +148,20 @@ mod tests {
         assert_eq!(duration_ms_ceil(Duration::from_micros(1)), 1);
         assert_eq!(duration_ms_ceil(Duration::from_millis(7)), 7);
         assert_eq!(duration_ms_ceil(Duration::from_nanos(7_000_001)), 8);
+    }
+
+    #[test]
+    fn the_system_clock_reads_the_same_time_as_system_time() {
+        let ms = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        for _ in 0..100 {
+            let before = ms(SystemTime::now());
+            let read = SystemClock.now().0;
+            let after = ms(SystemTime::now());
+            assert!(
+                before <= read && read <= after,
+                "SystemClock read {read}, between {before} and {after}"
+            );
+        }
     }
 
     #[test]
