@@ -32,6 +32,12 @@ pub(crate) trait Vfs: Send + Sync + 'static {
     /// Maps an existing segment file (its current length).
     fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames `from` to `to` in the same directory, replacing `to` if it exists.
+    /// Durable only after `sync_dir`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// The whole content of a file of any size (the index checkpoint), `Ok(None)` if
+    /// it does not exist.
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
     /// Makes directory entries (creations, removals) in `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }

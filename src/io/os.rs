@@ -89,6 +89,14 @@ impl Vfs for OsVfs {
         fs::remove_file(path)
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        self.read_small(path)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }

@@ -56,6 +56,10 @@ pub enum CallKind {
     OpenSegment,
     /// `Vfs::remove`.
     Remove,
+    /// `Vfs::rename`.
+    Rename,
+    /// `Vfs::read_file` (the index checkpoint).
+    ReadFile,
     /// `Vfs::sync_dir`.
     SyncDir,
     /// `AppendFile::set_len`.
@@ -79,7 +83,7 @@ pub enum CallKind {
 
 impl CallKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [CallKind; 17] = [
+    pub const ALL: [CallKind; 19] = [
         CallKind::CreateDirAll,
         CallKind::LockDir,
         CallKind::List,
@@ -88,6 +92,8 @@ impl CallKind {
         CallKind::CreateSegment,
         CallKind::OpenSegment,
         CallKind::Remove,
+        CallKind::Rename,
+        CallKind::ReadFile,
         CallKind::SyncDir,
         CallKind::AppendSetLen,
         CallKind::AppendWrite,
@@ -673,6 +679,30 @@ impl Vfs for SimVfs {
             Some(_) => Ok(()),
             None => Err(io::Error::from(io::ErrorKind::NotFound)),
         }
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.enter(CallKind::Rename)?;
+        if from.parent() != to.parent() {
+            return Err(io::Error::other(
+                "simulated file system: rename across directories",
+            ));
+        }
+        // Like rename(2): the live entry moves at once; the durable directory keeps the
+        // old names until `sync_dir`, so a power cut may leave either.
+        let id = state
+            .live_dir
+            .remove(from)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        state.live_dir.insert(to.to_path_buf(), id);
+        Ok(())
+    }
+
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        let state = self.enter(CallKind::ReadFile)?;
+        Ok(state
+            .live(path)
+            .map(|id| state.files[&id].live_bytes().to_vec()))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
