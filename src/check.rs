@@ -116,7 +116,11 @@ pub fn verify_with_progress(
     for name in &names {
         match segment_header::parse_file_name(name) {
             Some((deadline_ms, seq)) => segments.push((dir.join(name), deadline_ms, seq)),
-            None if name == namespace_file::FILE_NAME || name == LOCK_FILE_NAME => {}
+            // The index checkpoint (and its temp name) is not checked: an open uses it
+            // only if it matches the segments exactly, and replays them otherwise.
+            None if name == namespace_file::FILE_NAME
+                || name == LOCK_FILE_NAME
+                || crate::checkpoint::is_checkpoint_file(name) => {}
             None => report.foreign_files.push(name.clone()),
         }
     }

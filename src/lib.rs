@@ -32,6 +32,7 @@
 //! See `docs/ARCHITECTURE.md` for how it works and `docs/FORMAT.md` for the bytes.
 
 mod check;
+mod checkpoint;
 mod clock;
 mod error;
 mod format;

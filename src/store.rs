@@ -161,6 +161,9 @@ pub struct Stats {
     pub records_replayed: u64,
     /// How long the last open's recovery took.
     pub recovery_time: Duration,
+    /// The last open rebuilt the index from the checkpoint a clean close wrote,
+    /// without replaying the log (`records_replayed` is then 0).
+    pub opened_from_checkpoint: bool,
     /// Buckets expired and deleted since open.
     pub expired_buckets: u64,
     /// Keys forgotten by expiry since open.
@@ -1104,6 +1107,7 @@ impl Inner {
             foreign_files: self.recovery.foreign_files,
             records_replayed: self.recovery.records_replayed,
             recovery_time: self.recovery.duration,
+            opened_from_checkpoint: self.recovery.opened_from_checkpoint,
             expired_buckets: self.expired_buckets.load(Ordering::Relaxed),
             expired_keys: self.expired_keys.load(Ordering::Relaxed),
             sync_rounds: self.committer.rounds.load(Ordering::Relaxed),
@@ -1135,7 +1139,31 @@ impl Inner {
         } else {
             self.log.sync().and_then(|()| self.log.seal_all())
         };
+        let result = result.and_then(|()| self.write_checkpoint());
         self.lock.lock().take();
         result
+    }
+
+    /// At a clean close, after every segment is sealed, trimmed and synced: the index
+    /// checkpoint the next open rebuilds from (`crate::checkpoint`). Not written when
+    /// this open skipped damaged data, so that the next open reports it again.
+    fn write_checkpoint(&self) -> Result<(), Error> {
+        if self.recovery.corrupt_records_skipped > 0 {
+            tracing::info!(
+                corrupt = self.recovery.corrupt_records_skipped,
+                "not writing an index checkpoint: damaged data was skipped at open"
+            );
+            return Ok(());
+        }
+        // No reaping (`expire_now` on another thread) while the segments are listed.
+        let _reaping = self.reaping.lock();
+        let namespace_count = self.namespaces.lock().names.len();
+        crate::checkpoint::write(
+            &self.log,
+            &self.index,
+            self.log.vfs(),
+            namespace_count,
+            self.options.durability != Durability::None,
+        )
     }
 }

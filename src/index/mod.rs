@@ -204,6 +204,38 @@ impl Shard {
     pub(crate) fn allocation_size(&self) -> usize {
         self.table.allocation_size()
     }
+
+    /// Every entry as (fingerprint, location), in table order (for a checkpoint).
+    pub(crate) fn entries(&self) -> impl ExactSizeIterator<Item = (u32, Location)> + '_ {
+        self.table.iter().map(|e| (e.fingerprint(), e.location()))
+    }
+
+    /// Room for `additional` more entries without growing.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.table
+            .reserve(additional, |e| table_hash(e.fingerprint()));
+    }
+
+    /// Inserts an entry restored from a checkpoint: the key's fingerprint and the
+    /// location of its newest record (no two restored entries name one record).
+    pub(crate) fn insert_restored(&mut self, fingerprint: u32, location: Location) {
+        debug_assert!(u64::from(fingerprint) <= FINGERPRINT_MASK);
+        self.table.insert_unique(
+            table_hash(fingerprint),
+            Entry::new(fingerprint, location),
+            |e| table_hash(e.fingerprint()),
+        );
+    }
+
+    /// The high bits of the next lsn this shard hands out (for a checkpoint).
+    pub(crate) fn lsn_counter(&self) -> u64 {
+        self.lsn_counter
+    }
+
+    /// After a restore from a checkpoint: lsns continue at least from `counter`.
+    pub(crate) fn restore_lsn_counter(&mut self, counter: u64) {
+        self.lsn_counter = self.lsn_counter.max(counter);
+    }
 }
 
 pub(crate) struct Index {

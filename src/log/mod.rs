@@ -522,4 +522,8 @@ impl Log {
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
+
+    pub(crate) fn vfs(&self) -> &dyn Vfs {
+        self.vfs.as_ref()
+    }
 }

@@ -1,0 +1,400 @@
+//! The index checkpoint: written at a clean close, used by the next open instead of
+//! replaying the log when, and only when, it matches the directory exactly.
+//!
+//! At close ([`write`]), after every segment is sealed, trimmed and synced: the
+//! segment list (seq, bucket deadline, length, xxh3 of the whole file), and per shard
+//! its entries, state counts and lsn counter, go to `CHECKPOINT.tmp`, which is synced,
+//! renamed to `CHECKPOINT`, and the directory synced (`docs/FORMAT.md`).
+//!
+//! At open ([`take`], then [`restore`]): the file is read, then deleted and the
+//! directory synced before anything else happens, so that a checkpoint can never be
+//! paired with segments changed after it was read. It is used only if it decodes with
+//! every checksum intact, was written with the same shard count and no more
+//! namespaces than `NAMESPACES` holds, and the segment files on disk are exactly the
+//! ones it lists: same names, same lengths, same content hashes, none expired. Then
+//! the segments are registered sealed at their lengths and the index is rebuilt from
+//! the entries, one thread per core, without reading a record. In any other case the
+//! caller replays the log as if there had been no checkpoint.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::format::checkpoint::{self, EntryInfo, SegmentInfo};
+use crate::format::{namespace_file, segment_header};
+use crate::index::{Index, StateCounts};
+use crate::io::{SegmentFile, Vfs};
+use crate::log::{Location, Log, Segment, SegmentSlot};
+
+/// Whether `name` is one of the checkpoint's files (never foreign).
+pub(crate) fn is_checkpoint_file(name: &str) -> bool {
+    name == checkpoint::FILE_NAME || name == checkpoint::TEMP_FILE_NAME
+}
+
+/// Threads for the parallel parts: one per core, at most 8.
+fn parallelism() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, 8)
+}
+
+/// Runs `f(part)` for every part in `0..parts`, each on its own thread (part 0 on
+/// the caller's); results in part order.
+fn for_parts<R: Send>(parts: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    if parts <= 1 {
+        return vec![f(0)];
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        let others: Vec<_> = (1..parts).map(|part| s.spawn(move || f(part))).collect();
+        let mut results = vec![f(0)];
+        results.extend(
+            others
+                .into_iter()
+                .map(|t| t.join().expect("a checkpoint thread panicked")),
+        );
+        results
+    })
+}
+
+/// xxh3 of the first `lens[i]` bytes of each file, computed on every core.
+fn content_hashes(files: &[(&dyn SegmentFile, u64)]) -> Vec<u64> {
+    let parts = parallelism().min(files.len().max(1));
+    let hashed = for_parts(parts, |part| {
+        (part..files.len())
+            .step_by(parts)
+            .map(|i| {
+                let (file, len) = files[i];
+                (i, checkpoint::content_hash(file.read(0, len as usize)))
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut hashes = vec![0; files.len()];
+    for (i, hash) in hashed.into_iter().flatten() {
+        hashes[i] = hash;
+    }
+    hashes
+}
+
+/// Writes the checkpoint of a cleanly closed store: every segment is sealed and
+/// trimmed, and (with `sync`) every record is synced. With `sync` the trims, the file
+/// and the rename are synced too; without (`Durability::None`) nothing is, and the
+/// exact match required at open rejects whatever a crash left inconsistent.
+///
+/// On failure the temp file (and a renamed checkpoint) are removed, best effort; the
+/// log is untouched either way.
+pub(crate) fn write(
+    log: &Log,
+    index: &Index,
+    vfs: &dyn Vfs,
+    namespace_count: usize,
+    sync: bool,
+) -> Result<(), Error> {
+    let started = std::time::Instant::now();
+    let dir = log.dir();
+    let table = log.table.read();
+    let mut segments: Vec<&Arc<Segment>> = table.segments().collect();
+    segments.sort_by_key(|s| s.seq);
+    if segments.len() > checkpoint::SEGMENTS_MAX {
+        tracing::warn!(
+            segments = segments.len(),
+            "too many segments for an index checkpoint; the next open replays the log"
+        );
+        return Ok(());
+    }
+    if sync {
+        // The trims of `seal_all` change the files' lengths: make them durable, so
+        // the lengths listed below are the ones a power cut leaves.
+        for segment in &segments {
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| Error::io("syncing trimmed segment", &segment.path, e))?;
+        }
+    }
+    let files: Vec<(&dyn SegmentFile, u64)> = segments
+        .iter()
+        .map(|s| (s.file.as_ref(), s.published()))
+        .collect();
+    let hashes = content_hashes(&files);
+    let infos: Vec<SegmentInfo> = segments
+        .iter()
+        .zip(hashes)
+        .map(|(s, content_hash)| SegmentInfo {
+            seq: s.seq,
+            deadline_ms: s.deadline_ms,
+            valid_len: s.published(),
+            content_hash,
+        })
+        .collect();
+    // Runtime slot -> position in the list.
+    let slots_len = segments
+        .iter()
+        .map(|s| s.slot.0 as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut position = vec![u32::MAX; slots_len];
+    for (i, segment) in segments.iter().enumerate() {
+        position[segment.slot.0 as usize] = i as u32;
+    }
+    let mut encoder = checkpoint::Encoder::new(index.shard_count(), namespace_count, &infos, 0);
+    let mut unlisted = false;
+    for shard in index.shards() {
+        let shard = shard.lock();
+        let entries = shard.entries().map(|(fingerprint, location)| {
+            let segment = position
+                .get(location.slot.0 as usize)
+                .copied()
+                .unwrap_or(u32::MAX);
+            unlisted |= segment == u32::MAX;
+            EntryInfo {
+                fingerprint,
+                segment: segment.min(checkpoint::SEGMENTS_MAX as u32 - 1),
+                offset: location.offset,
+            }
+        });
+        encoder.shard(shard.lsn_counter(), shard.counts.counts, entries);
+    }
+    drop(table);
+    if unlisted {
+        // Never expected: every entry points into a segment of the table.
+        tracing::error!("an index entry names no known segment; not writing a checkpoint");
+        return Ok(());
+    }
+    let bytes = encoder.finish();
+    let temp = dir.join(checkpoint::TEMP_FILE_NAME);
+    let path = dir.join(checkpoint::FILE_NAME);
+    const OP: &str = "writing the index checkpoint (the log itself is closed cleanly; the next open replays it):";
+    let written = (|| -> Result<(), (std::io::Error, &Path)> {
+        let file = vfs.open_append(&temp).map_err(|e| (e, temp.as_path()))?;
+        file.set_len(0).map_err(|e| (e, temp.as_path()))?;
+        file.write_at(0, &bytes).map_err(|e| (e, temp.as_path()))?;
+        if sync {
+            file.sync_data().map_err(|e| (e, temp.as_path()))?;
+        }
+        drop(file);
+        vfs.rename(&temp, &path).map_err(|e| (e, path.as_path()))?;
+        if sync {
+            vfs.sync_dir(dir).map_err(|e| (e, dir))?;
+        }
+        Ok(())
+    })();
+    if let Err((e, at)) = written {
+        let _ = vfs.remove(&temp);
+        let _ = vfs.remove(&path);
+        return Err(Error::io(OP, at, e));
+    }
+    tracing::info!(
+        bytes = bytes.len(),
+        segments = infos.len(),
+        ms = started.elapsed().as_millis() as u64,
+        "wrote the index checkpoint"
+    );
+    Ok(())
+}
+
+/// Reads the checkpoint, if the directory listing `names` has one, then deletes it
+/// and its temp file and syncs the directory. `Ok(None)` if there is none or it
+/// could not be read (logged: the log is replayed). An error only if a file could not
+/// be deleted, or the directory synced: a checkpoint left behind must never meet the
+/// segments the store is about to change.
+pub(crate) fn take(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Result<Option<Vec<u8>>, Error> {
+    let path = dir.join(checkpoint::FILE_NAME);
+    let mut bytes = None;
+    if names.iter().any(|n| n == checkpoint::FILE_NAME) {
+        match vfs.read_file(&path) {
+            Ok(read) => bytes = read,
+            Err(e) => tracing::warn!(
+                file = %path.display(),
+                error = %e,
+                "could not read the index checkpoint; replaying the log"
+            ),
+        }
+    }
+    let mut removed = false;
+    for name in [checkpoint::FILE_NAME, checkpoint::TEMP_FILE_NAME] {
+        if !names.iter().any(|n| n == name) {
+            continue;
+        }
+        let file = dir.join(name);
+        match vfs.remove(&file) {
+            Ok(()) => removed = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("deleting the index checkpoint", &file, e)),
+        }
+    }
+    if removed {
+        vfs.sync_dir(dir)
+            .map_err(|e| Error::io("syncing directory", dir, e))?;
+    }
+    Ok(bytes)
+}
+
+/// What a restore from a checkpoint found.
+pub(crate) struct Restored {
+    pub segments: usize,
+    pub entries: u64,
+    /// The latest creation time of any segment.
+    pub clock_floor_ms: u64,
+}
+
+/// Rebuilds the log's segment table and the index from checkpoint `bytes`, if it
+/// matches the directory exactly (see the module docs).
+///
+/// `Ok(Err(reason))`: it does not match; nothing was changed, and the caller replays.
+/// `Err`: an I/O error after the log and index were changed (syncing a segment).
+pub(crate) fn restore(
+    bytes: &[u8],
+    log: &Log,
+    index: &Index,
+    vfs: &dyn Vfs,
+    namespace_count: usize,
+    names: &[String],
+    now_ms: u64,
+) -> Result<Result<Restored, String>, Error> {
+    let dir = log.dir();
+    let decoded = match checkpoint::decode(bytes) {
+        Ok(decoded) => decoded,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    if decoded.shard_count != index.shard_count() {
+        return Ok(Err(format!(
+            "written with {} shards, the store opens with {}",
+            decoded.shard_count,
+            index.shard_count()
+        )));
+    }
+    if decoded.namespace_count > namespace_count {
+        return Ok(Err(format!(
+            "written with {} namespaces, NAMESPACES holds {namespace_count}",
+            decoded.namespace_count
+        )));
+    }
+    // The segment files on disk must be exactly the listed ones.
+    let mut on_disk: Vec<(u64, u64)> = names
+        .iter()
+        .filter_map(|name| segment_header::parse_file_name(name))
+        .map(|(deadline_ms, seq)| (seq, deadline_ms))
+        .collect();
+    on_disk.sort_unstable();
+    let listed: Vec<(u64, u64)> = decoded
+        .segments
+        .iter()
+        .map(|s| (s.seq, s.deadline_ms))
+        .collect();
+    if on_disk != listed {
+        return Ok(Err(format!(
+            "the directory holds {} segment files, the checkpoint lists {} (or other names)",
+            on_disk.len(),
+            listed.len()
+        )));
+    }
+    if let Some(expired) = decoded.segments.iter().find(|s| s.deadline_ms <= now_ms) {
+        return Ok(Err(format!(
+            "segment seq {} expired since it was written",
+            expired.seq
+        )));
+    }
+    let mut files = Vec::with_capacity(decoded.segments.len());
+    let mut clock_floor_ms = 0;
+    for info in &decoded.segments {
+        let path = dir.join(segment_header::file_name(info.deadline_ms, info.seq));
+        let file = match vfs.open_segment(&path) {
+            Ok(file) => file,
+            Err(e) => return Ok(Err(format!("opening {}: {e}", path.display()))),
+        };
+        if file.capacity() != info.valid_len {
+            return Ok(Err(format!(
+                "{} is {} bytes, the checkpoint says {}",
+                path.display(),
+                file.capacity(),
+                info.valid_len
+            )));
+        }
+        match segment_header::SegmentHeader::decode(file.read(0, segment_header::LEN)) {
+            Ok(header)
+                if header.segment_seq == info.seq
+                    && header.bucket_deadline_ms == info.deadline_ms =>
+            {
+                clock_floor_ms = clock_floor_ms.max(header.created_ms);
+            }
+            _ => return Ok(Err(format!("{}: segment header damaged", path.display()))),
+        }
+        files.push((path, file));
+    }
+    let lens: Vec<(&dyn SegmentFile, u64)> = files
+        .iter()
+        .zip(&decoded.segments)
+        .map(|((_, file), info)| (file.as_ref(), info.valid_len))
+        .collect();
+    let hashes = content_hashes(&lens);
+    drop(lens);
+    for ((path, _), (info, hash)) in files.iter().zip(decoded.segments.iter().zip(hashes)) {
+        if hash != info.content_hash {
+            return Ok(Err(format!(
+                "{} changed since the checkpoint was written",
+                path.display()
+            )));
+        }
+    }
+
+    // It matches: register the segments, then rebuild the index.
+    let mut slots: Vec<SegmentSlot> = Vec::with_capacity(files.len());
+    for ((path, file), info) in files.iter().zip(&decoded.segments) {
+        let mut slot = None;
+        log.add_recovered(|s| {
+            slot = Some(s);
+            Segment::recovered(
+                s,
+                info.seq,
+                info.deadline_ms,
+                path.clone(),
+                Arc::clone(file),
+                info.valid_len,
+            )
+        })?;
+        slots.push(slot.expect("add_recovered calls its closure"));
+    }
+    let parts = parallelism().min(index.shard_count());
+    for_parts(parts, |part| {
+        for i in (part..index.shard_count()).step_by(parts) {
+            let block = &decoded.shards[i];
+            let mut shard = index.lock_at(i);
+            shard.reserve(block.len());
+            for entry in block.entries() {
+                shard.insert_restored(
+                    entry.fingerprint,
+                    Location {
+                        slot: slots[entry.segment as usize],
+                        offset: entry.offset,
+                    },
+                );
+            }
+            shard.counts = StateCounts {
+                counts: block.state_counts,
+            };
+            shard.restore_lsn_counter(block.lsn_counter);
+        }
+    });
+    // As after a replay: what the store answers from must be durable (the close that
+    // wrote the checkpoint may have run without syncing, in `Durability::None`).
+    for (path, file) in &files {
+        file.sync_data()
+            .map_err(|e| Error::io("syncing recovered segment", path, e))?;
+    }
+    let max_seq = decoded.segments.last().map_or(0, |s| s.seq);
+    log.set_next_seq(max_seq.saturating_add(1));
+    Ok(Ok(Restored {
+        segments: files.len(),
+        entries: decoded.entry_count,
+        clock_floor_ms,
+    }))
+}
+
+/// Files of the directory that are neither ours nor the checkpoint's.
+pub(crate) fn is_known_file(name: &str) -> bool {
+    name == namespace_file::FILE_NAME
+        || name == crate::io::LOCK_FILE_NAME
+        || is_checkpoint_file(name)
+        || segment_header::parse_file_name(name).is_some()
+}
