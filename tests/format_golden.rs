@@ -1,5 +1,8 @@
 //! Guards on-disk format version 1 with a golden store directory committed under
 //! `tests/fixtures/format_v1/` (`NAMESPACES` and the segment files; never `LOCK`).
+//! `format_v1_writer/` also holds the `CHECKPOINT` its clean close wrote (checkpoint
+//! version 1): opened with its shard count it rebuilds the index from it without
+//! replaying a record, with the same answers; opened with another it is replayed.
 //!
 //! `format_v1/` was written by the first writer (one global lsn counter) and is kept
 //! as it is: every later build must read it. `format_v1_writer/` is what the current
@@ -124,7 +127,10 @@ fn golden_writer_reproduces_the_fixture() {
         }
     }
     let names: Vec<&str> = written.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, vec![OTHER_SEGMENT, SEGMENT, "NAMESPACES"]);
+    assert_eq!(
+        names,
+        vec![OTHER_SEGMENT, SEGMENT, "CHECKPOINT", "NAMESPACES"]
+    );
     assert!(
         written == fixture_files(&writer_fixture_dir()),
         "the writer no longer produces format v1 byte for byte; if the format changed on purpose, bump its version and add tests/fixtures/format_v2"
@@ -159,21 +165,30 @@ fn record(
 
 #[test]
 fn format_v1_fixtures_open_with_every_record_intact() {
-    check_fixture(&fixture_dir());
-    check_fixture(&writer_fixture_dir());
+    check_fixture(&fixture_dir(), 64, false);
+    // The writer's checkpoint was written with one shard: with 64 it is replayed.
+    check_fixture(&writer_fixture_dir(), 64, false);
 }
 
-fn check_fixture(fixture: &Path) {
+#[test]
+fn format_v1_writer_checkpoint_rebuilds_the_index_without_replay() {
+    check_fixture(&writer_fixture_dir(), 1, true);
+}
+
+fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool) {
     let dir = copy_fixture(fixture);
     let clock = ManualClock::new(UnixMs(EPOCH_MS));
     let store = Store::builder(dir.path())
         .durability(Durability::None)
+        .shards(shards)
         .strict(true)
         .clock(clock.clone())
         .open()
         .unwrap();
     let stats = store.stats();
-    assert_eq!(stats.records_replayed, 11);
+    assert_eq!(stats.opened_from_checkpoint, from_checkpoint);
+    assert!(!dir.path().join("CHECKPOINT").exists());
+    assert_eq!(stats.records_replayed, if from_checkpoint { 0 } else { 11 });
     assert_eq!(stats.corrupt_records_skipped, 0);
     assert_eq!(stats.torn_tails_cut, 0);
     assert_eq!(stats.foreign_files, 0);
@@ -280,6 +295,39 @@ fn format_v1_bytes_of_the_segment_header_and_first_record() {
     assert_eq!(&names[20..31], b"\0\0\0\0\x06golden");
     assert_eq!(&names[35..45], b"\x01\0\0\0\x05other");
     assert_eq!(names.len(), 45);
+}
+
+#[test]
+fn checkpoint_v1_header_bytes() {
+    let bytes = std::fs::read(writer_fixture_dir().join("CHECKPOINT")).unwrap();
+    let mut header = Vec::new();
+    header.extend(b"IDEMCKP\0");
+    header.extend(1u32.to_le_bytes()); // version
+    header.extend(64u32.to_le_bytes()); // header_len
+    header.extend(1u32.to_le_bytes()); // shard_count
+    header.extend(2u32.to_le_bytes()); // segment_count
+    header.extend(2u32.to_le_bytes()); // namespace_count
+    header.extend(0u32.to_le_bytes()); // reserved
+    header.extend(7u64.to_le_bytes()); // entry_count: 6 keys of "golden", 1 of "other"
+    header.extend((bytes.len() as u64).to_le_bytes()); // file_len
+    header.extend(0u64.to_le_bytes()); // reserved
+    assert_eq!(&bytes[..56], &header[..]);
+    // 64 header + 2 x 32 segment table + 8 + one shard block (64 + 7 x 8 + 8).
+    assert_eq!(bytes.len(), 64 + 64 + 8 + 64 + 56 + 8);
+    // The segment table, in seq order: seq 1 is the "golden" bucket.
+    let le = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    assert_eq!((le(64), le(72)), (1, DEADLINE_MS));
+    assert_eq!((le(96), le(104)), (2, OTHER_DEADLINE_MS));
+    let segment_len = std::fs::metadata(writer_fixture_dir().join(SEGMENT))
+        .unwrap()
+        .len();
+    assert_eq!(le(80), segment_len);
+    // The shard block: 7 entries; counts mark 3, in progress 0, released 1,
+    // completed 1, failed 1, tombstone 1.
+    let block = 64 + 64 + 8;
+    assert_eq!(le(block), 7);
+    let counts: Vec<u64> = (0..6).map(|i| le(block + 16 + 8 * i)).collect();
+    assert_eq!(counts, [3, 0, 1, 1, 1, 1]);
 }
 
 const CHECKSUM_OF_FIRST_RECORD: [u8; 4] = [0x33, 0x28, 0x22, 0xd2];

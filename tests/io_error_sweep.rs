@@ -9,8 +9,11 @@
 //! than k calls of that kind, the k-th call is failed — once, and then from the k-th
 //! on ("forever"). After each run the test asserts: the operation during which the
 //! call failed returned an error (except where the engine documents that it only logs:
-//! the reaper thread, trimming a recovered segment's tail at open, and reserving a
-//! segment's next step ahead of need, after the append that triggered it); a failed sync
+//! the reaper thread, trimming a recovered segment's tail at open, reserving a
+//! segment's next step ahead of need, after the append that triggered it, and reading
+//! the index checkpoint at open, which falls back to replaying the log); a failed
+//! write of the index checkpoint at close is an `Error::Io` that names the checkpoint
+//! (the log itself was synced before, so the next open replays it); a failed sync
 //! or namespace write poisons the store (a fresh write returns exactly
 //! `Error::Poisoned`, no later write is acknowledged, and `close` reports the failure
 //! without trimming anything), while a failed create / allocate / remove / truncate is
@@ -358,9 +361,28 @@ fn run_with_fault(steps: &[Step], kind: CallKind, nth: u64, forever: bool) -> Op
         // Reserving space ahead of need runs after the append that triggered it
         // succeeded: its failure is logged, and an append that then finds no room
         // reserves under the lock (SegmentAllocate) and reports it.
+        // An unreadable checkpoint at open is logged and the log replayed instead.
         let logged_only = thread == "idemstore-reaper"
             || (kind == CallKind::SegmentTruncate && label == "open")
+            || (kind == CallKind::ReadFile && label == "open")
             || kind == CallKind::SegmentAllocateAhead;
+        // At close, these calls are made only to write the index checkpoint: a failure
+        // is a clear error naming it, after the log was synced and trimmed.
+        let checkpoint_write = label == "close"
+            && matches!(
+                kind,
+                CallKind::OpenAppend
+                    | CallKind::AppendSetLen
+                    | CallKind::AppendWrite
+                    | CallKind::AppendSync
+                    | CallKind::Rename
+            );
+        if checkpoint_write {
+            assert!(
+                matches!(&step_error, Some(e) if e.contains("index checkpoint")),
+                "{context}: a failed checkpoint write at close must be an error naming it, got {step_error:?}"
+            );
+        }
         if logged_only {
             assert!(
                 step_error.is_none() || label == "between operations",
