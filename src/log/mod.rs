@@ -108,8 +108,11 @@ const DIRECTORY_CHUNK: usize = 1024;
 /// A slot holds `Arc::as_ptr` of the segment the table owns, set when the segment is
 /// inserted and cleared before the table drops it.
 struct Directory {
-    chunks: Box<[OnceLock<Box<[AtomicPtr<Segment>]>>]>,
+    chunks: Box<[OnceLock<DirectoryChunk>]>,
 }
+
+/// `DIRECTORY_CHUNK` slots.
+type DirectoryChunk = Box<[AtomicPtr<Segment>]>;
 
 impl Directory {
     fn new() -> Directory {
