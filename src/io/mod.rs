@@ -72,6 +72,9 @@ pub(crate) trait SegmentFile: Send + Sync {
     fn allocate_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
         self.allocate(offset, len)
     }
+    /// A hint: `offset..offset + len` (allocated, unpublished) is about to be written:
+    /// map its pages writable now, so the appends that fill it take no page fault.
+    fn prepare_write(&self, _offset: u64, _len: u64) {}
     /// A hint: `offset..offset + len` is written and will not be written again, so
     /// its pages may leave this process's page tables (the bytes stay in the page
     /// cache; a later read maps them back). Called before a sync, it spares the sync

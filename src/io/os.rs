@@ -160,6 +160,10 @@ impl OsSegmentFile {
     /// Maps the pages of `offset..offset + len` writable now, in one call, so that
     /// appends do not take a page fault per page while holding the segment's append
     /// lock. Best effort: an old kernel without `MADV_POPULATE_WRITE` faults lazily.
+    ///
+    /// A write fault on a shared file mapping marks the page dirty: the next sync
+    /// writes the prefaulted pages (zeros) too. So only a small window ahead of the
+    /// appends is prefaulted, never a whole reserved step.
     fn prefault(&self, offset: u64, len: u64) {
         let Some(map) = &self.map else { return };
         let page = 4096u64;
@@ -286,8 +290,11 @@ impl SegmentFile for OsSegmentFile {
             let zeros = vec![0u8; len as usize];
             self.file.write_all_at(&zeros, offset)?;
         }
-        self.prefault(offset, len);
         Ok(())
+    }
+
+    fn prepare_write(&self, offset: u64, len: u64) {
+        self.prefault(offset, len);
     }
 
     fn release_written(&self, offset: u64, len: u64) {

@@ -169,6 +169,8 @@ pub(crate) struct Log {
     bucket_width_ms: u64,
     /// Active segments per bucket (at most the number of shards).
     stripes: usize,
+    /// How far ahead of its appends an active segment maps pages writable (0: not).
+    write_window: u64,
     pub table: RwLock<SegmentTable>,
     directory: Directory,
     next_seq: AtomicU64,
@@ -191,6 +193,7 @@ impl Log {
         segment_capacity: u64,
         bucket_width_ms: u64,
         stripes: usize,
+        write_window: u64,
         next_seq: u64,
     ) -> Log {
         debug_assert!(stripes >= 1);
@@ -200,6 +203,7 @@ impl Log {
             segment_capacity,
             bucket_width_ms,
             stripes,
+            write_window,
             table: RwLock::new(SegmentTable::default()),
             directory: Directory::new(),
             next_seq: AtomicU64::new(next_seq),
@@ -399,6 +403,7 @@ impl Log {
             path,
             file,
             allocated,
+            self.write_window,
         ));
         self.dirty.lock().push(Arc::clone(&segment));
         self.directory.set(&segment);

@@ -35,6 +35,8 @@ pub(crate) struct Segment {
     append: Mutex<AppendState>,
     /// Signalled when an extension of the reserved space finishes.
     extended: Condvar,
+    /// How far ahead of the appends pages are mapped writable (0: not at all).
+    write_window: u64,
     /// Bytes from the start of the file that hold complete records; advanced with
     /// `Release` after each record is written.
     published: AtomicU64,
@@ -50,6 +52,10 @@ struct AppendState {
     allocated: u64,
     /// An appender is reserving the next step outside the lock (see `append`).
     extending: bool,
+    /// Bytes up to which pages were mapped writable ahead of the appends.
+    prepared: u64,
+    /// An appender is mapping the next write window outside the lock.
+    preparing: bool,
     /// No more appends (full, or its bucket is retired, or recovered from disk).
     sealed: bool,
     /// The segment has writes the commit thread has not synced yet (it is on the log's
@@ -76,6 +82,7 @@ impl Segment {
         path: PathBuf,
         file: Arc<dyn SegmentFile>,
         allocated: u64,
+        write_window: u64,
     ) -> Segment {
         Segment {
             slot,
@@ -86,10 +93,13 @@ impl Segment {
             append: Mutex::new(AppendState {
                 allocated,
                 extending: false,
+                prepared: segment_header::LEN as u64,
+                preparing: false,
                 sealed: false,
                 dirty: true,
             }),
             extended: Condvar::new(),
+            write_window,
             published: AtomicU64::new(segment_header::LEN as u64),
             durable: AtomicU64::new(0),
             released: AtomicU64::new(0),
@@ -114,10 +124,13 @@ impl Segment {
             append: Mutex::new(AppendState {
                 allocated: valid_len,
                 extending: false,
+                prepared: valid_len,
+                preparing: false,
                 sealed: true,
                 dirty: false,
             }),
             extended: Condvar::new(),
+            write_window: 0,
             published: AtomicU64::new(valid_len),
             durable: AtomicU64::new(valid_len),
             released: AtomicU64::new(valid_len),
@@ -196,7 +209,23 @@ impl Segment {
                 state.extending = true;
                 (state.allocated, self.next_allocation(state.allocated))
             });
+        let prepare = (self.write_window > 0
+            && !state.preparing
+            && end + self.write_window / 2 > state.prepared
+            && state.prepared.max(end) < state.allocated)
+            .then(|| {
+                state.preparing = true;
+                let from = state.prepared.max(end);
+                (from, (from + self.write_window).min(state.allocated))
+            });
         drop(state);
+        if let Some((from, to)) = prepare {
+            // Outside the lock: mapping the window takes a fault per page.
+            self.file.prepare_write(from, to - from);
+            let mut state = self.append.lock();
+            state.prepared = state.prepared.max(to);
+            state.preparing = false;
+        }
         if let Some((from, to)) = extend {
             // A failure here is not this append's: it is written. The next append
             // that finds no room reserves under the lock and reports the error.
