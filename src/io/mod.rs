@@ -80,6 +80,9 @@ pub(crate) trait SegmentFile: Send + Sync {
     /// cache; a later read maps them back). Called before a sync, it spares the sync
     /// write-protecting each of those pages with its own TLB shootdown.
     fn release_written(&self, _offset: u64, _len: u64) {}
+    /// A hint: start writing the dirty pages back now (`sync_file_range`), without
+    /// waiting; `sync_data` still makes them durable.
+    fn start_writeback(&self) {}
     /// Makes every write before this call durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
     /// Shrinks the file to `len` bytes; no published byte lies beyond `len`.

@@ -301,6 +301,14 @@ impl SegmentFile for OsSegmentFile {
         self.unmap_pages(offset, len);
     }
 
+    fn start_writeback(&self) {
+        // SAFETY: sync_file_range on a file descriptor we own; no memory is passed.
+        // Best effort: an error here shows again in the fdatasync that follows.
+        let _ = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
+        };
+    }
+
     fn sync_data(&self) -> io::Result<()> {
         // On Linux the page cache is unified: fdatasync writes back pages dirtied
         // through the shared mapping as well as the allocation metadata.

@@ -453,8 +453,9 @@ impl Log {
             return Err(Error::io("syncing directory", &self.dir, e));
         }
         let dirty = std::mem::take(&mut *self.dirty.lock());
-        for segment in &dirty {
-            if let Err(e) = segment.sync() {
+        let started: Vec<u64> = dirty.iter().map(|segment| segment.start_sync()).collect();
+        for (segment, published) in dirty.iter().zip(started) {
+            if let Err(e) = segment.finish_sync(published) {
                 #[cfg(feature = "planted-bugs")]
                 if crate::testing::planted("ignore-fsync-error") {
                     continue;

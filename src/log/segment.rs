@@ -278,8 +278,12 @@ impl Segment {
         self.append.lock().allocated
     }
 
-    /// Makes every published record durable. Called by the commit thread only.
-    pub(crate) fn sync(&self) -> io::Result<()> {
+    /// Making every published record durable, first half (commit thread only): takes
+    /// the published length to make durable, starts writing its pages back, and
+    /// returns what `finish_sync` must be given. The commit thread starts every dirty
+    /// segment before finishing any, so their writes reach the disk together instead
+    /// of one fsync after another.
+    pub(crate) fn start_sync(&self) -> u64 {
         let published = {
             let mut state = self.append.lock();
             state.dirty = false;
@@ -294,6 +298,13 @@ impl Segment {
             self.file.release_written(released, published - released);
             self.released.store(published, Ordering::Relaxed);
         }
+        self.file.start_writeback();
+        published
+    }
+
+    /// Making every published record durable, second half: waits until the
+    /// `published` bytes `start_sync` returned are durable.
+    pub(crate) fn finish_sync(&self, published: u64) -> io::Result<()> {
         self.file.sync_data()?;
         self.durable.fetch_max(published, Ordering::AcqRel);
         Ok(())
