@@ -168,9 +168,11 @@ impl Segment {
     ///
     /// Space is reserved ahead in growing steps. When less than half a step is left,
     /// the appender that notices reserves the next step *after* releasing the append
-    /// lock (`fallocate` and prefaulting 4 MiB take milliseconds), so other writers
-    /// keep appending into the space already reserved. Only an append that finds no
+    /// lock (an `fallocate` of up to 4 MiB takes milliseconds), so other writers keep
+    /// appending into the space already reserved. Only an append that finds no
     /// reserved room left reserves under the lock, or waits for the extension running.
+    /// Likewise the appender that comes within half a write window of the pages mapped
+    /// writable maps the next window, after releasing the lock.
     pub(crate) fn append(&self, record: &Record<'_>) -> io::Result<Appended> {
         let len = record.encoded_len() as u64;
         let mut state = self.append.lock();
