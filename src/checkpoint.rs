@@ -242,7 +242,8 @@ pub(crate) struct Restored {
 /// matches the directory exactly (see the module docs).
 ///
 /// `Ok(Err(reason))`: it does not match; nothing was changed, and the caller replays.
-/// `Err`: an I/O error after the log and index were changed (syncing a segment).
+/// `Err`: an I/O error (opening a listed segment, or syncing one after the log and
+/// index were changed).
 pub(crate) fn restore(
     bytes: &[u8],
     log: &Log,
@@ -301,7 +302,9 @@ pub(crate) fn restore(
         let path = dir.join(segment_header::file_name(info.deadline_ms, info.seq));
         let file = match vfs.open_segment(&path) {
             Ok(file) => file,
-            Err(e) => return Ok(Err(format!("opening {}: {e}", path.display()))),
+            // An I/O error, as it would be in a replay (the listing matched, so the
+            // file is there): the open fails and the next one replays.
+            Err(e) => return Err(Error::io("opening segment", &path, e)),
         };
         if file.capacity() != info.valid_len {
             return Ok(Err(format!(
