@@ -346,7 +346,7 @@ fn apply(
     let mut existing = None;
     shard.find(hash, |candidate| {
         let found = log
-            .with_record(candidate, None, |_, other| {
+            .with_record(candidate, |_, other| {
                 (other.namespace_id == record.namespace_id && other.id == record.id)
                     .then_some((other.lsn, other.state))
             })

@@ -565,9 +565,8 @@ impl Inner {
     ) -> Result<Option<Current>, Error> {
         let mut found = None;
         let mut error = None;
-        let cached = shard.active.as_ref().map(|(_, segment)| segment);
         shard.find(hash, |location| {
-            let read = self.log.with_record(location, cached, |segment, record| {
+            let read = self.log.with_record(location, |segment, record| {
                 (record.namespace_id == namespace_id && record.id == id).then(|| Current {
                     location,
                     state: record.state,
@@ -609,11 +608,7 @@ impl Inner {
     ) -> Result<Option<Location>, Error> {
         debug_assert!(deadline_ms > now_ms);
         debug_assert!(old.is_none_or(|old| !old.is_live(now_ms) || deadline_ms >= old.deadline_ms));
-        let stripe = shard.stripe(self.log.stripes());
-        match self
-            .log
-            .append(deadline_ms, now_ms, record, stripe, &mut shard.active)?
-        {
+        match self.log.append(deadline_ms, now_ms, record)? {
             AppendOutcome::Retired => Ok(None),
             AppendOutcome::At(location) => {
                 shard.upsert(hash, old.map(|o| o.location), location);
@@ -628,7 +623,7 @@ impl Inner {
 
     fn public_record(&self, current: &Current) -> Result<Record, Error> {
         let result = if current.state == State::Completed {
-            self.log.with_record(current.location, None, |_, record| {
+            self.log.with_record(current.location, |_, record| {
                 record.result.map(<[u8]>::to_vec)
             })?
         } else {
@@ -1026,9 +1021,9 @@ impl Inner {
             return Ok(0);
         }
         let started = std::time::Instant::now();
-        // Shards may cache a retired segment as their active one: drop those handles
+        // Stripes may cache a retired segment as their active one: drop those handles
         // so the deleted files are unmapped.
-        self.index.forget_segments_through(now_ms);
+        self.log.forget_active_through(now_ms);
         let mut forgotten = 0;
         let mut deadlines = std::collections::BTreeSet::new();
         for segment in &segments {

@@ -4,7 +4,6 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 use crossbeam_utils::CachePadded;
@@ -12,7 +11,7 @@ use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::format::record::State;
-use crate::log::{Location, Segment, SegmentSlot};
+use crate::log::{Location, SegmentSlot};
 
 /// The 64-bit hash of `(namespace_id, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,9 +185,6 @@ pub(crate) struct Shard {
     /// key, and a key always maps to one shard: a counter per shard, under the shard
     /// lock, gives both without a shared atomic on the hot path.
     lsn_counter: u64,
-    /// The segment this shard last appended to, by bucket deadline: appends and reads
-    /// of recent records skip the segment table's lock.
-    pub active: Option<(u64, Arc<Segment>)>,
 }
 
 /// Lsns carry the shard index in their low bits; shards are at most 2^16.
@@ -196,11 +192,6 @@ const LSN_SHARD_BITS: u32 = 16;
 const _: () = assert!(crate::options::limits::SHARDS_MAX <= 1 << LSN_SHARD_BITS);
 
 impl Shard {
-    /// Which log stripe this shard appends to.
-    pub(crate) fn stripe(&self, stripes: usize) -> usize {
-        usize::from(self.index) % stripes
-    }
-
     /// A new lsn, greater than every lsn this shard handed out or recovery saw.
     pub(crate) fn next_lsn(&mut self) -> u64 {
         let lsn = (self.lsn_counter << LSN_SHARD_BITS) | u64::from(self.index);
@@ -313,7 +304,6 @@ impl Index {
                         counts: StateCounts::default(),
                         index: index as u16,
                         lsn_counter: 1,
-                        active: None,
                     }))
                 })
                 .collect(),
@@ -358,21 +348,6 @@ impl Index {
         for shard in self.shards() {
             let mut shard = shard.lock();
             shard.lsn_counter = shard.lsn_counter.max((max_lsn >> LSN_SHARD_BITS) + 1);
-        }
-    }
-
-    /// Drops the cached active segments of buckets at or before `deadline_ms`, so a
-    /// retired segment is unmapped (and its file's space freed) once deleted.
-    pub(crate) fn forget_segments_through(&self, deadline_ms: u64) {
-        for shard in self.shards() {
-            let mut shard = shard.lock();
-            if shard
-                .active
-                .as_ref()
-                .is_some_and(|(d, _)| *d <= deadline_ms)
-            {
-                shard.active = None;
-            }
         }
     }
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::Error;
@@ -48,7 +49,7 @@ impl SegmentTable {
 
     /// A free slot. A slot is reused only after its segment was deleted, which happens
     /// after every index entry pointing into it was removed and every shard dropped
-    /// its cached handle (`Index::forget_segments_through`).
+    /// its cached handle (`Log::forget_active_through`).
     fn next_slot(&mut self) -> Result<SegmentSlot, Error> {
         if let Some(slot) = self.free.pop() {
             return Ok(SegmentSlot(slot));
@@ -162,6 +163,9 @@ impl Directory {
     }
 }
 
+/// A stripe's cached active segment and its bucket deadline.
+type ActiveSegment = Option<(u64, Arc<Segment>)>;
+
 pub(crate) struct Log {
     pub dir: PathBuf,
     vfs: Arc<dyn Vfs>,
@@ -171,6 +175,10 @@ pub(crate) struct Log {
     stripes: usize,
     /// How far ahead of its appends an active segment maps pages writable (0: not).
     write_window: u64,
+    /// Per stripe, the segment it last appended to, by bucket deadline: appends skip
+    /// the segment table's lock. A thread appends to its own stripe, so this lock and
+    /// the segment's tail stay in that core's cache.
+    stripe_cache: Box<[CachePadded<Mutex<ActiveSegment>>]>,
     pub table: RwLock<SegmentTable>,
     directory: Directory,
     next_seq: AtomicU64,
@@ -204,6 +212,9 @@ impl Log {
             bucket_width_ms,
             stripes,
             write_window,
+            stripe_cache: (0..stripes)
+                .map(|_| CachePadded::new(Mutex::new(None)))
+                .collect(),
             table: RwLock::new(SegmentTable::default()),
             directory: Directory::new(),
             next_seq: AtomicU64::new(next_seq),
@@ -213,10 +224,6 @@ impl Log {
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }
-    }
-
-    pub(crate) fn stripes(&self) -> usize {
-        self.stripes
     }
 
     /// The bucket deadline for a key that must be remembered until at least `until_ms`.
@@ -271,19 +278,20 @@ impl Log {
         self.next_seq.store(seq, Ordering::Relaxed);
     }
 
-    /// Appends `record` to the active segment of the bucket `deadline_ms`. `cache` is
-    /// the calling shard's last active segment: tried first, and updated.
+    /// Appends `record` to the calling thread's stripe of the active segments of the
+    /// bucket `deadline_ms`.
     pub(crate) fn append(
         &self,
         deadline_ms: u64,
         now_ms: u64,
         record: &Record<'_>,
-        stripe: usize,
-        cache: &mut Option<(u64, Arc<Segment>)>,
     ) -> Result<AppendOutcome, Error> {
         if self.is_poisoned() {
             return Err(Error::Poisoned);
         }
+        let stripe = thread_stripe(self.stripes);
+        let mut cache = self.stripe_cache[stripe].lock();
+        let cache = &mut *cache;
         // Fast path: no table lock. A retired bucket's segments are sealed under their
         // append lock before the reaper scans them, so an append here either lands
         // before the scan or finds the segment sealed and takes the slow path.
@@ -417,7 +425,6 @@ impl Log {
     pub(crate) fn with_record<R>(
         &self,
         location: Location,
-        cached: Option<&Arc<Segment>>,
         f: impl FnOnce(&Segment, Record<'_>) -> R,
     ) -> Result<R, Error> {
         let read = |segment: &Segment| match segment.read(location.offset) {
@@ -428,9 +435,6 @@ impl Log {
                 reason,
             )),
         };
-        if let Some(segment) = cached.filter(|s| s.slot == location.slot) {
-            return read(segment);
-        }
         self.directory.with(location.slot, read).unwrap_or_else(|| {
             Err(Error::corruption(
                 &self.dir,
@@ -532,7 +536,36 @@ impl Log {
         &self.dir
     }
 
+    /// Drops the cached active segments of buckets at or before `deadline_ms`, so a
+    /// retired segment is unmapped (and its file's space freed) once deleted.
+    pub(crate) fn forget_active_through(&self, deadline_ms: u64) {
+        for cache in &self.stripe_cache {
+            let mut cache = cache.lock();
+            if cache.as_ref().is_some_and(|(d, _)| *d <= deadline_ms) {
+                *cache = None;
+            }
+        }
+    }
+
     pub(crate) fn vfs(&self) -> &dyn Vfs {
         self.vfs.as_ref()
     }
+}
+
+/// The log stripe the calling thread appends to. Threads are numbered in the order
+/// they first append, and take the stripes round-robin: with no more threads than
+/// stripes (one per core by default), no two threads share a segment's tail.
+fn thread_stripe(stripes: usize) -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static THREAD: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    THREAD.with(|thread| {
+        if thread.get() == usize::MAX {
+            thread.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        thread.get() % stripes
+    })
 }
