@@ -250,15 +250,19 @@ fn stats_inner(dir: &Path) -> Result<ExitCode, Failure> {
         )?;
         line(out, "torn tails cut", stats.torn_tails_cut.to_string())?;
         line(out, "foreign files", stats.foreign_files.to_string())?;
-        line(
-            out,
-            "open",
+        let open = if stats.opened_from_checkpoint {
+            format!(
+                "loaded the index checkpoint of a clean close in {:.1} ms",
+                stats.recovery_time.as_secs_f64() * 1e3
+            )
+        } else {
             format!(
                 "replayed {} records in {:.1} ms",
                 thousands(stats.records_replayed),
                 stats.recovery_time.as_secs_f64() * 1e3
-            ),
-        )?;
+            )
+        };
+        line(out, "open", open)?;
         Ok(())
     };
     write().map_err(|e| format!("writing to stdout: {e}"))?;
