@@ -165,53 +165,48 @@ impl OsSegmentFile {
     /// writes the prefaulted pages (zeros) too. So only a small window ahead of the
     /// appends is prefaulted, never a whole reserved step.
     fn prefault(&self, offset: u64, len: u64) {
-        let Some(map) = &self.map else { return };
-        let page = 4096u64;
+        // Every page the range touches (the first one may hold published records:
+        // populating it writes nothing).
+        let page = page_size();
         let start = offset / page * page;
         let end = offset.saturating_add(len).min(self.capacity);
-        if end <= start {
-            return;
-        }
-        // SAFETY: start..end lies inside the mapping (end <= capacity, the mapping's
-        // length) and start is page-aligned; MADV_POPULATE_WRITE only faults the pages
-        // in, writing nothing (the file's bytes there are already allocated).
-        let rc = unsafe {
-            libc::madvise(
-                map.as_mut_ptr().add(start as usize).cast(),
-                (end - start) as usize,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if rc != 0 {
-            tracing::trace!(error = %io::Error::last_os_error(), "MADV_POPULATE_WRITE unavailable");
-        }
+        // MADV_POPULATE_WRITE only faults the pages in, writing nothing (the file's
+        // bytes there are already allocated).
+        self.advise(start, end, libc::MADV_POPULATE_WRITE);
     }
 
     /// Unmaps the whole pages inside `offset..offset + len` (`MADV_DONTNEED` on a
     /// shared file mapping drops only the page-table entries; dirty data stays in the
-    /// page cache and is written back as usual). Best effort.
+    /// page cache and is written back as usual, and any later access faults them back
+    /// in). No byte of the range may still be written: the caller passes published,
+    /// never-rewritten bytes; a concurrent reader merely takes a page fault.
     fn unmap_pages(&self, offset: u64, len: u64) {
-        let Some(map) = &self.map else { return };
         let page = page_size();
         let start = offset.next_multiple_of(page);
         let end = offset.saturating_add(len).min(self.capacity) / page * page;
+        self.advise(start, end, libc::MADV_DONTNEED);
+    }
+
+    /// `madvise(advice)` on `start..end` of the mapping; `start` is page-aligned and
+    /// `end <= capacity`. Best effort: a failure is traced, nothing more.
+    fn advise(&self, start: u64, end: u64, advice: libc::c_int) {
+        let Some(map) = &self.map else { return };
         if end <= start {
             return;
         }
-        // SAFETY: start..end lies inside the mapping and is page-aligned. For a shared
-        // file mapping MADV_DONTNEED only zaps page-table entries: the file's bytes
-        // stay in the page cache, and any later access faults them back in. No byte
-        // of the range is being written (the caller passes published, never-rewritten
-        // bytes), and a concurrent reader merely takes a page fault.
+        debug_assert!(start.is_multiple_of(page_size()) && end <= self.capacity);
+        // SAFETY: start..end lies inside the mapping (end <= capacity, the mapping's
+        // length) and start is page-aligned. The two advices used keep the file's
+        // bytes as they are (see `prefault` and `unmap_pages`).
         let rc = unsafe {
             libc::madvise(
                 map.as_mut_ptr().add(start as usize).cast(),
                 (end - start) as usize,
-                libc::MADV_DONTNEED,
+                advice,
             )
         };
         if rc != 0 {
-            tracing::trace!(error = %io::Error::last_os_error(), "MADV_DONTNEED failed");
+            tracing::trace!(advice, error = %io::Error::last_os_error(), "madvise failed");
         }
     }
 
