@@ -269,7 +269,6 @@ impl Store {
             options.segment_size_bytes_max,
             options.bucket_width_ms,
             log_stripes(options.shards),
-            WRITE_WINDOW,
             1,
         ));
         let index = Index::new(options.shards);
@@ -372,12 +371,6 @@ fn log_stripes(shards: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     cores.clamp(1, 8).min(shards)
 }
-
-/// How far ahead of the appends pages of the log are mapped writable: a fault-in of
-/// 32 pages every 128 KiB of appends, outside the append lock. Small, because a write
-/// fault on a shared file mapping marks the page dirty: each sync writes (and then
-/// write-protects) whatever is mapped ahead at that moment.
-const WRITE_WINDOW: u64 = 128 * 1024;
 
 fn open_namespaces(vfs: &dyn Vfs, dir: &Path) -> Result<Namespaces, Error> {
     let path = dir.join(namespace_file::FILE_NAME);

@@ -48,7 +48,7 @@ impl SegmentTable {
     }
 
     /// A free slot. A slot is reused only after its segment was deleted, which happens
-    /// after every index entry pointing into it was removed and every shard dropped
+    /// after every index entry pointing into it was removed and every stripe dropped
     /// its cached handle (`Log::forget_active_through`).
     fn next_slot(&mut self) -> Result<SegmentSlot, Error> {
         if let Some(slot) = self.free.pop() {
@@ -173,8 +173,6 @@ pub(crate) struct Log {
     bucket_width_ms: u64,
     /// Active segments per bucket (at most the number of shards).
     stripes: usize,
-    /// How far ahead of its appends an active segment maps pages writable (0: not).
-    write_window: u64,
     /// Per stripe, the segment it last appended to, by bucket deadline: appends skip
     /// the segment table's lock. A thread appends to its own stripe, so this lock and
     /// the segment's tail stay in that core's cache.
@@ -201,7 +199,6 @@ impl Log {
         segment_capacity: u64,
         bucket_width_ms: u64,
         stripes: usize,
-        write_window: u64,
         next_seq: u64,
     ) -> Log {
         debug_assert!(stripes >= 1);
@@ -211,7 +208,6 @@ impl Log {
             segment_capacity,
             bucket_width_ms,
             stripes,
-            write_window,
             stripe_cache: (0..stripes)
                 .map(|_| CachePadded::new(Mutex::new(None)))
                 .collect(),
@@ -411,7 +407,6 @@ impl Log {
             path,
             file,
             allocated,
-            self.write_window,
         ));
         self.dirty.lock().push(Arc::clone(&segment));
         self.directory.set(&segment);

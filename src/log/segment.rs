@@ -22,6 +22,12 @@ pub(crate) struct Location {
     pub offset: u32,
 }
 
+/// How far ahead of the appends pages are mapped writable: a fault-in of 32 pages
+/// every 128 KiB of appends, outside the append lock. Small, because a write fault on
+/// a shared file mapping marks the page dirty: each sync writes (and then
+/// write-protects) whatever is mapped ahead at that moment.
+const WRITE_WINDOW: u64 = 128 * 1024;
+
 /// Smallest and largest step of disk preallocation.
 const ALLOCATE_STEP_MIN: u64 = 64 * 1024;
 const ALLOCATE_STEP_MAX: u64 = 4 << 20;
@@ -35,8 +41,6 @@ pub(crate) struct Segment {
     append: Mutex<AppendState>,
     /// Signalled when an extension of the reserved space finishes.
     extended: Condvar,
-    /// How far ahead of the appends pages are mapped writable (0: not at all).
-    write_window: u64,
     /// Bytes from the start of the file that hold complete records; advanced with
     /// `Release` after each record is written.
     published: AtomicU64,
@@ -82,7 +86,6 @@ impl Segment {
         path: PathBuf,
         file: Arc<dyn SegmentFile>,
         allocated: u64,
-        write_window: u64,
     ) -> Segment {
         Segment {
             slot,
@@ -99,7 +102,6 @@ impl Segment {
                 dirty: true,
             }),
             extended: Condvar::new(),
-            write_window,
             published: AtomicU64::new(segment_header::LEN as u64),
             durable: AtomicU64::new(0),
             released: AtomicU64::new(0),
@@ -130,7 +132,6 @@ impl Segment {
                 dirty: false,
             }),
             extended: Condvar::new(),
-            write_window: 0,
             published: AtomicU64::new(valid_len),
             durable: AtomicU64::new(valid_len),
             released: AtomicU64::new(valid_len),
@@ -211,14 +212,13 @@ impl Segment {
                 state.extending = true;
                 (state.allocated, self.next_allocation(state.allocated))
             });
-        let prepare = (self.write_window > 0
-            && !state.preparing
-            && end + self.write_window / 2 > state.prepared
+        let prepare = (!state.preparing
+            && end + WRITE_WINDOW / 2 > state.prepared
             && state.prepared.max(end) < state.allocated)
             .then(|| {
                 state.preparing = true;
                 let from = state.prepared.max(end);
-                (from, (from + self.write_window).min(state.allocated))
+                (from, (from + WRITE_WINDOW).min(state.allocated))
             });
         drop(state);
         if let Some((from, to)) = prepare {
