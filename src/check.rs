@@ -118,9 +118,7 @@ pub fn verify_with_progress(
             Some((deadline_ms, seq)) => segments.push((dir.join(name), deadline_ms, seq)),
             // The index checkpoint (and its temp name) is not checked: an open uses it
             // only if it matches the segments exactly, and replays them otherwise.
-            None if name == namespace_file::FILE_NAME
-                || name == LOCK_FILE_NAME
-                || crate::checkpoint::is_checkpoint_file(name) => {}
+            None if crate::checkpoint::is_known_file(name) => {}
             None => report.foreign_files.push(name.clone()),
         }
     }

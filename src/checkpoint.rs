@@ -344,19 +344,16 @@ pub(crate) fn restore(
     // It matches: register the segments, then rebuild the index.
     let mut slots: Vec<SegmentSlot> = Vec::with_capacity(files.len());
     for ((path, file), info) in files.iter().zip(&decoded.segments) {
-        let mut slot = None;
-        log.add_recovered(|s| {
-            slot = Some(s);
+        slots.push(log.add_recovered(|slot| {
             Segment::recovered(
-                s,
+                slot,
                 info.seq,
                 info.deadline_ms,
                 path.clone(),
                 Arc::clone(file),
                 info.valid_len,
             )
-        })?;
-        slots.push(slot.expect("add_recovered calls its closure"));
+        })?);
     }
     let parts = parallelism().min(index.shard_count());
     for_parts(parts, |part| {
@@ -394,7 +391,8 @@ pub(crate) fn restore(
     }))
 }
 
-/// Files of the directory that are neither ours nor the checkpoint's.
+/// Whether `name` is a file idemstore writes in a store directory (anything else is
+/// counted as foreign and left alone).
 pub(crate) fn is_known_file(name: &str) -> bool {
     name == namespace_file::FILE_NAME
         || name == crate::io::LOCK_FILE_NAME

@@ -19,7 +19,6 @@ use std::time::Instant;
 
 use crate::checkpoint;
 use crate::error::Error;
-use crate::format::namespace_file;
 use crate::format::record::Record;
 use crate::format::segment_header::{self, SegmentHeader};
 use crate::index::{Index, KeyHash, Shard};
@@ -75,13 +74,13 @@ pub(crate) fn recover(
     let now_ms = options.clock.now().0;
     let mut report = RecoveryReport::default();
     let names = vfs.list(&dir).map_err(|e| Error::io("listing", &dir, e))?;
+    for name in names.iter().filter(|n| !checkpoint::is_known_file(n)) {
+        tracing::warn!(file = %name, "ignoring a file idemstore did not write");
+        report.foreign_files += 1;
+    }
     if let Some(bytes) = checkpoint::take(vfs, &dir, &names)? {
         match checkpoint::restore(&bytes, log, index, vfs, namespace_count, &names, now_ms)? {
             Ok(restored) => {
-                for name in names.iter().filter(|n| !checkpoint::is_known_file(n)) {
-                    tracing::warn!(file = %name, "ignoring a file idemstore did not write");
-                    report.foreign_files += 1;
-                }
                 report.opened_from_checkpoint = true;
                 report.clock_floor_ms = restored.clock_floor_ms;
                 report.duration = started.elapsed();
@@ -102,14 +101,8 @@ pub(crate) fn recover(
     let mut max_seq = 0u64;
     let mut pending = Vec::new();
     for name in names {
+        // Other names were counted as foreign above.
         let Some((name_deadline_ms, name_seq)) = segment_header::parse_file_name(&name) else {
-            if name != namespace_file::FILE_NAME
-                && name != crate::io::LOCK_FILE_NAME
-                && !checkpoint::is_checkpoint_file(&name)
-            {
-                tracing::warn!(file = %name, "ignoring a file idemstore did not write");
-                report.foreign_files += 1;
-            }
             continue;
         };
         let path = dir.join(&name);
@@ -168,11 +161,9 @@ pub(crate) fn recover(
             }
         };
         report.clock_floor_ms = report.clock_floor_ms.max(header.created_ms);
-        let mut slot = None;
-        log.add_recovered(|s| {
-            slot = Some(s);
+        let slot = log.add_recovered(|slot| {
             Segment::recovered(
-                s,
+                slot,
                 header.segment_seq,
                 header.bucket_deadline_ms,
                 path.clone(),
@@ -180,7 +171,6 @@ pub(crate) fn recover(
                 len as u64,
             )
         })?;
-        let slot = slot.expect("add_recovered calls its closure");
         pending.push(Pending { slot, path, file });
     }
 

@@ -242,17 +242,17 @@ impl Log {
         self.poisoned.store(true, Ordering::Release);
     }
 
-    /// Registers a segment recovered at open.
+    /// Registers a segment recovered at open; returns its slot.
     pub(crate) fn add_recovered(
         &self,
         make: impl FnOnce(SegmentSlot) -> Segment,
-    ) -> Result<(), Error> {
+    ) -> Result<SegmentSlot, Error> {
         let mut table = self.table.write();
         let slot = table.next_slot()?;
         let segment = Arc::new(make(slot));
         self.directory.set(&segment);
         table.insert(segment, None);
-        Ok(())
+        Ok(slot)
     }
 
     /// Sets where a recovered segment's valid records end, and trims what lies after
