@@ -346,6 +346,41 @@ fn main() {
             fresh,
         );
         store.close().unwrap();
+
+        // The same with one store per thread: nothing shared at all. The gap to the
+        // row above is what threads sharing one store's shards cost.
+        let dirs: Vec<_> = (0..t).map(|_| tempfile::tempdir().unwrap()).collect();
+        let stores: Vec<Store> = dirs
+            .iter()
+            .map(|dir| {
+                Store::builder(dir.path())
+                    .durability(Durability::None)
+                    .open()
+                    .unwrap()
+            })
+            .collect();
+        let namespaces: Vec<_> = stores
+            .iter()
+            .map(|store| store.namespace("bench", Policy::ttl(TTL)).unwrap())
+            .collect();
+        // `run` hands thread k the ids k, k + t, k + 2t, ...: id % t is the thread.
+        let fresh = run(t, n, |i| {
+            assert!(
+                namespaces[(i % t) as usize]
+                    .check_and_set(key(i))
+                    .unwrap()
+                    .is_first()
+            )
+        });
+        rows.insert(
+            format!(
+                "idemstore check_and_set fresh, no sync, one store per thread ({t} threads, {n} keys)"
+            ),
+            fresh,
+        );
+        for store in &stores {
+            store.close().unwrap();
+        }
     }
 
     // idemstore, Immediate mode.
