@@ -159,6 +159,9 @@ pub struct Stats {
     pub foreign_files: u64,
     /// Records replayed at open.
     pub records_replayed: u64,
+    /// Claims in progress found at open, released because the process that held them
+    /// is gone (the directory lock proves it); their attempt counts stay.
+    pub claims_released_at_open: u64,
     /// How long the last open's recovery took.
     pub recovery_time: Duration,
     /// The last open rebuilt the index from the checkpoint a clean close wrote,
@@ -205,6 +208,7 @@ pub(crate) struct Inner {
     namespaces: Mutex<Namespaces>,
     closed: AtomicBool,
     recovery: RecoveryReport,
+    claims_released_at_open: u64,
     reaper: Arc<Reaper>,
     expired_buckets: AtomicU64,
     expired_keys: AtomicU64,
@@ -274,6 +278,13 @@ impl Store {
         let index = Index::new(options.shards);
         let recovery =
             recovery::recover(&log, &index, vfs.as_ref(), &options, namespaces.names.len())?;
+        let claims_released_at_open = index.finish_recovery();
+        if claims_released_at_open > 0 {
+            tracing::info!(
+                claims = claims_released_at_open,
+                "released the claims in progress of the process that held the store before"
+            );
+        }
         if namespaces.torn_tail {
             let path = dir.join(namespace_file::FILE_NAME);
             namespaces
@@ -293,6 +304,7 @@ impl Store {
             namespaces: Mutex::new(namespaces),
             closed: AtomicBool::new(false),
             recovery,
+            claims_released_at_open,
             reaper: Arc::new(Reaper {
                 stop: Mutex::new(false),
                 wake: Condvar::new(),
@@ -562,7 +574,7 @@ impl Inner {
             let read = self.log.with_record(location, |segment, record| {
                 (record.namespace_id == namespace_id && record.id == id).then(|| Current {
                     location,
-                    state: record.state,
+                    state: shard.effective_state(record.state, record.lsn),
                     first_seen_ms: record.first_seen_ms,
                     deadline_ms: segment.deadline_ms,
                     claim: record.claim,
@@ -725,7 +737,7 @@ impl Inner {
             }
             let deadline_ms = self
                 .log
-                .bucket_deadline(now_ms.saturating_add(namespace.policy.ttl_ms()));
+                .bucket_deadline(now_ms, now_ms.saturating_add(namespace.policy.ttl_ms()));
             let record = record::Record {
                 state: State::Mark,
                 namespace_id: namespace.id,
@@ -812,11 +824,12 @@ impl Inner {
                     now_ms,
                     payload_fp,
                     self.log
-                        .bucket_deadline(now_ms.saturating_add(policy.ttl_ms())),
+                        .bucket_deadline(now_ms, now_ms.saturating_add(policy.ttl_ms())),
                 ),
             };
             let lease_until_ms = now_ms.saturating_add(policy.lease_ms());
-            let deadline_ms = base_deadline_ms.max(self.log.bucket_deadline(lease_until_ms));
+            let deadline_ms =
+                base_deadline_ms.max(self.log.bucket_deadline(now_ms, lease_until_ms));
             let attempt = attempts.saturating_add(1);
             let record = record::Record {
                 state: State::InProgress,
@@ -912,14 +925,14 @@ impl Inner {
                     claim.completed_ms = now_ms;
                     let retention = self
                         .log
-                        .bucket_deadline(now_ms.saturating_add(namespace.policy.ttl_ms()));
+                        .bucket_deadline(now_ms, now_ms.saturating_add(namespace.policy.ttl_ms()));
                     (State::Completed, c.deadline_ms.max(retention), result)
                 }
                 Resolution::Release => (State::Released, c.deadline_ms, None),
                 Resolution::Fail => (State::Failed, c.deadline_ms, None),
                 Resolution::Extend(lease_ms) => {
                     claim.lease_until_ms = now_ms.saturating_add(lease_ms);
-                    let lease_deadline = self.log.bucket_deadline(claim.lease_until_ms);
+                    let lease_deadline = self.log.bucket_deadline(now_ms, claim.lease_until_ms);
                     (State::InProgress, c.deadline_ms.max(lease_deadline), None)
                 }
             };
@@ -1034,8 +1047,9 @@ impl Inner {
                     };
                     let mut shard = self.index.lock(hash);
                     if shard.remove_at(hash, location) {
-                        shard.counts.sub(record.state);
-                        if record.state != State::Tombstone {
+                        let state = shard.effective_state(record.state, record.lsn);
+                        shard.counts.sub(state);
+                        if state != State::Tombstone {
                             forgotten += 1;
                         }
                     }
@@ -1101,6 +1115,7 @@ impl Inner {
             torn_tails_cut: self.recovery.torn_tails_cut,
             foreign_files: self.recovery.foreign_files,
             records_replayed: self.recovery.records_replayed,
+            claims_released_at_open: self.claims_released_at_open,
             recovery_time: self.recovery.duration,
             opened_from_checkpoint: self.recovery.opened_from_checkpoint,
             expired_buckets: self.expired_buckets.load(Ordering::Relaxed),

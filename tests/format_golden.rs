@@ -29,7 +29,11 @@ const OTHER_TTL: Duration = Duration::from_secs(24 * 3600);
 const DEADLINE_MS: u64 = 1_702_592_040_000;
 /// ceil((EPOCH + 10 s + 1 day) / 1 min) * 1 min: the bucket of "other".
 const OTHER_DEADLINE_MS: u64 = 1_700_086_440_000;
+/// The current writer rounds a 30-day span to 42 min (`max(width, ttl / 1024)` in
+/// whole widths, docs/CONTRACT.md): ceil((EPOCH + 30 days) / 42 min) * 42 min.
+const WRITER_DEADLINE_MS: u64 = 1_702_592_640_000;
 const SEGMENT: &str = "0000018c6a64cc40-0000000000000001.seg";
+const WRITER_SEGMENT: &str = "0000018c6a6df400-0000000000000001.seg";
 const OTHER_SEGMENT: &str = "0000018bd50c6040-0000000000000002.seg";
 
 fn fixture_dir() -> PathBuf {
@@ -129,7 +133,7 @@ fn golden_writer_reproduces_the_fixture() {
     let names: Vec<&str> = written.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        vec![OTHER_SEGMENT, SEGMENT, "CHECKPOINT", "NAMESPACES"]
+        vec![OTHER_SEGMENT, WRITER_SEGMENT, "CHECKPOINT", "NAMESPACES"]
     );
     assert!(
         written == fixture_files(&writer_fixture_dir()),
@@ -146,6 +150,7 @@ fn copy_fixture(from: &Path) -> tempfile::TempDir {
 }
 
 fn record(
+    deadline_ms: u64,
     status: Status,
     first_seen: UnixMs,
     attempts: u32,
@@ -155,7 +160,7 @@ fn record(
     Record {
         status,
         first_seen,
-        expires_at: UnixMs(DEADLINE_MS),
+        expires_at: UnixMs(deadline_ms),
         attempts,
         lease_until: None,
         completed_at,
@@ -165,17 +170,27 @@ fn record(
 
 #[test]
 fn format_v1_fixtures_open_with_every_record_intact() {
-    check_fixture(&fixture_dir(), 64, false);
+    check_fixture(&fixture_dir(), 64, false, DEADLINE_MS);
     // The writer's checkpoint was written with one shard: with 64 it is replayed.
-    check_fixture(&writer_fixture_dir(), 64, false);
+    check_fixture(&writer_fixture_dir(), 64, false, WRITER_DEADLINE_MS);
 }
 
 #[test]
 fn format_v1_writer_checkpoint_rebuilds_the_index_without_replay() {
-    check_fixture(&writer_fixture_dir(), 1, true);
+    check_fixture(&writer_fixture_dir(), 1, true, WRITER_DEADLINE_MS);
 }
 
-fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool) {
+fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool, deadline_ms: u64) {
+    let record = |status, first_seen, attempts, completed_at, result| {
+        record(
+            deadline_ms,
+            status,
+            first_seen,
+            attempts,
+            completed_at,
+            result,
+        )
+    };
     let dir = copy_fixture(fixture);
     let clock = ManualClock::new(UnixMs(EPOCH_MS));
     let store = Store::builder(dir.path())
@@ -316,9 +331,9 @@ fn checkpoint_v1_header_bytes() {
     assert_eq!(bytes.len(), 64 + 64 + 8 + 64 + 56 + 8);
     // The segment table, in seq order: seq 1 is the "golden" bucket.
     let le = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-    assert_eq!((le(64), le(72)), (1, DEADLINE_MS));
+    assert_eq!((le(64), le(72)), (1, WRITER_DEADLINE_MS));
     assert_eq!((le(96), le(104)), (2, OTHER_DEADLINE_MS));
-    let segment_len = std::fs::metadata(writer_fixture_dir().join(SEGMENT))
+    let segment_len = std::fs::metadata(writer_fixture_dir().join(WRITER_SEGMENT))
         .unwrap()
         .len();
     assert_eq!(le(80), segment_len);

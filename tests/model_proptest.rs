@@ -8,9 +8,9 @@
 //! replays each sequence against the store and against a plain `HashMap` that encodes
 //! the documented semantics. Every answer is compared step by step, including exact
 //! `first_seen` / `expires_at` values: the expiry deadline is deterministic
-//! (`ceil((now + ttl) / width) * width`), so the model computes it. Claims still held
-//! at a reopen are abandoned as if their worker crashed, so lease expiry across
-//! restarts is covered too.
+//! (`ceil((now + ttl) / width) * width` for these short spans), so the model computes
+//! it. Claims still held at a reopen are abandoned as if their worker crashed: the
+//! open releases them (their process is gone), keeping their attempts.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -327,6 +327,17 @@ impl Model {
         Ok(e.lease_until)
     }
 
+    /// A reopen: the claims in progress belonged to the process that held the store
+    /// before, so the open releases them; their attempts stay.
+    fn release_dead_claims(&mut self) {
+        for e in self.entries.values_mut() {
+            if e.status == Status::InProgress {
+                e.status = Status::Released;
+                e.lease_until = 0;
+            }
+        }
+    }
+
     fn remove(&mut self, ns: usize, key: usize) -> bool {
         let live = self.live(ns, key).is_some();
         self.entries.remove(&(ns, key));
@@ -605,6 +616,7 @@ fn run(ops: Vec<Op>, durability: Durability) -> Result<(), TestCaseError> {
                 // Claims still held belong to a worker that died with the process: dropping
                 // them now cannot release anything (the store is closed).
                 held.clear();
+                model.release_dead_claims();
                 drop(namespaces);
                 drop(store);
                 clock.set(UnixMs(model.now));

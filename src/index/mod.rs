@@ -185,6 +185,9 @@ pub(crate) struct Shard {
     /// key, and a key always maps to one shard: a counter per shard, under the shard
     /// lock, gives both without a shared atomic on the hot path.
     lsn_counter: u64,
+    /// `lsn_counter` when this open finished recovery: a record whose lsn counter is
+    /// below it was written by an earlier holder of the directory lock.
+    open_lsn_counter: u64,
 }
 
 /// Lsns carry the shard index in their low bits; shards are at most 2^16.
@@ -197,6 +200,17 @@ impl Shard {
         let lsn = (self.lsn_counter << LSN_SHARD_BITS) | u64::from(self.index);
         self.lsn_counter += 1;
         lsn
+    }
+
+    /// The state a stored record stands for now. A claim in progress written before
+    /// this open belongs to a process that no longer holds the directory lock, so it
+    /// is dead: it counts as released (its attempts stay).
+    pub(crate) fn effective_state(&self, state: State, lsn: u64) -> State {
+        if state == State::InProgress && lsn >> LSN_SHARD_BITS < self.open_lsn_counter {
+            State::Released
+        } else {
+            state
+        }
     }
 
     /// The entry for `hash` whose record `is_key` confirms, if any.
@@ -304,6 +318,7 @@ impl Index {
                         counts: StateCounts::default(),
                         index: index as u16,
                         lsn_counter: 1,
+                        open_lsn_counter: 0,
                     }))
                 })
                 .collect(),
@@ -341,6 +356,23 @@ impl Index {
                 .table
                 .reserve(per_shard, |e| table_hash(e.fingerprint()));
         }
+    }
+
+    /// At the end of recovery: every record recovered so far was written by an earlier
+    /// process, so its claims in progress are dead (`Shard::effective_state`). Moves
+    /// their counts to released; returns how many claims that released.
+    pub(crate) fn finish_recovery(&self) -> u64 {
+        let in_progress = StateCounts::index(State::InProgress);
+        let released = StateCounts::index(State::Released);
+        let mut dead_claims = 0;
+        for shard in self.shards() {
+            let mut shard = shard.lock();
+            shard.open_lsn_counter = shard.lsn_counter;
+            let moved = std::mem::take(&mut shard.counts.counts[in_progress]);
+            shard.counts.counts[released] += moved;
+            dead_claims += moved;
+        }
+        dead_claims
     }
 
     /// After recovery: every lsn handed out from now on exceeds `max_lsn`.

@@ -77,16 +77,17 @@ impl Store {
                     offset: offset as u32,
                 };
                 let hash = KeyHash::of(stored.namespace_id, stored.id);
-                let newest = inner
-                    .index
-                    .lock(hash)
-                    .find(hash, |at| at == location)
-                    .is_some();
-                if newest {
+                let state = {
+                    let shard = inner.index.lock(hash);
+                    shard
+                        .find(hash, |at| at == location)
+                        .map(|_| shard.effective_state(stored.state, stored.lsn))
+                };
+                if let Some(state) = state {
                     go_on = f(
                         name,
                         stored.id,
-                        &public_record(&stored, segment.deadline_ms),
+                        &public_record(&stored, state, segment.deadline_ms),
                     );
                 }
             });
@@ -103,9 +104,10 @@ impl Store {
     }
 }
 
-/// The public form of a stored record whose bucket deadline is `deadline_ms`.
-fn public_record(stored: &record::Record<'_>, deadline_ms: u64) -> Record {
-    let status = match stored.state {
+/// The public form of a stored record whose bucket deadline is `deadline_ms` and
+/// whose state is now `state` (`Shard::effective_state`).
+fn public_record(stored: &record::Record<'_>, state: State, deadline_ms: u64) -> Record {
+    let status = match state {
         State::Mark => Status::Seen,
         State::InProgress => Status::InProgress,
         State::Released => Status::Released,
@@ -118,11 +120,9 @@ fn public_record(stored: &record::Record<'_>, deadline_ms: u64) -> Record {
         first_seen: UnixMs(stored.first_seen_ms),
         expires_at: UnixMs(deadline_ms),
         attempts: stored.claim.attempts,
-        lease_until: (stored.state == State::InProgress)
-            .then_some(UnixMs(stored.claim.lease_until_ms)),
-        completed_at: (stored.state == State::Completed)
-            .then_some(UnixMs(stored.claim.completed_ms)),
-        result: if stored.state == State::Completed {
+        lease_until: (state == State::InProgress).then_some(UnixMs(stored.claim.lease_until_ms)),
+        completed_at: (state == State::Completed).then_some(UnixMs(stored.claim.completed_ms)),
+        result: if state == State::Completed {
             stored.result.map(<[u8]>::to_vec)
         } else {
             None
@@ -144,7 +144,8 @@ impl Namespace {
     ///   are ignored. Only a `Completed` record may carry a result (else
     ///   `Error::InvalidOption`), at most `max_result_len` bytes (else
     ///   `Error::ResultTooLarge`); an `InProgress` record needs `lease_until`.
-    /// - `expires_at` may be at most `max_ttl` plus one bucket width from now (else
+    /// - `expires_at` may be at most `max_ttl` plus its deadline rounding (one bucket width,
+    ///   or `max_ttl / 1024` when that is longer) from now (else
     ///   `Error::InvalidTtl`). The namespace's policy ttl does not apply.
     /// - The payload fingerprint of `begin_with_payload` is not part of [`Record`], so
     ///   an imported key does not detect a payload mismatch.
@@ -226,18 +227,21 @@ impl Inner {
                 return Ok(Imported::Expired);
             }
             // A claim's records live in a bucket at least as late as its lease.
-            let deadline_ms = self
-                .log
-                .bucket_deadline(imported.expires_at.0.max(claim.lease_until_ms));
+            let until_ms = imported.expires_at.0.max(claim.lease_until_ms);
+            // At most what a record with the longest ttl may be remembered until.
             let latest_ms = now_ms
                 .saturating_add(self.options.max_ttl_ms)
-                .saturating_add(self.options.bucket_width_ms);
-            if deadline_ms > self.log.bucket_deadline(latest_ms) {
+                .saturating_add(crate::log::deadline_rounding_ms(
+                    self.options.bucket_width_ms,
+                    self.options.max_ttl_ms,
+                ));
+            if until_ms > latest_ms {
                 return Err(Error::InvalidTtl {
                     ttl: std::time::Duration::from_millis(imported.expires_at.0 - now_ms),
                     max: std::time::Duration::from_millis(self.options.max_ttl_ms),
                 });
             }
+            let deadline_ms = self.log.bucket_deadline(now_ms, until_ms);
             let mut shard = self.index.lock(hash);
             let current = self.find(&shard, hash, namespace.id, id)?;
             if current.is_some_and(|c| c.is_live(now_ms)) {

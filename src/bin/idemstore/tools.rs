@@ -250,6 +250,11 @@ fn stats_inner(dir: &Path) -> Result<ExitCode, Failure> {
         )?;
         line(out, "torn tails cut", stats.torn_tails_cut.to_string())?;
         line(out, "foreign files", stats.foreign_files.to_string())?;
+        line(
+            out,
+            "claims released at open",
+            stats.claims_released_at_open.to_string(),
+        )?;
         let open = if stats.opened_from_checkpoint {
             format!(
                 "loaded the index checkpoint of a clean close in {:.1} ms",
