@@ -31,12 +31,7 @@ pub(crate) fn is_checkpoint_file(name: &str) -> bool {
     name == checkpoint::FILE_NAME || name == checkpoint::TEMP_FILE_NAME
 }
 
-/// Threads for the parallel parts: one per core, at most 8.
-fn parallelism() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .clamp(1, 8)
-}
+use crate::options::parallelism;
 
 /// Runs `f(part)` for every part in `0..parts`, each on its own thread (part 0 on
 /// the caller's); results in part order.

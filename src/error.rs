@@ -48,11 +48,24 @@ pub enum Error {
         /// The directory that is held.
         path: PathBuf,
     },
-    /// A file failed its checksum or structure check (only in `strict` mode; by default
-    /// damaged records are skipped and counted in `Stats`).
+    /// A file failed its checksum or structure check. At open only in `strict` mode (by
+    /// default damaged records are skipped and counted in `Stats`); in any mode when
+    /// a record the index names no longer reads back (a segment missing or damaged
+    /// under the running store), and when a segment a checkpoint lists cannot be used.
     Corruption(Corruption),
+    /// The store was opened read-only (`StoreBuilder::read_only`): it answers reads and
+    /// refuses every write.
+    ReadOnly,
     /// An earlier write or fsync failed; the store refuses writes until it is reopened.
-    Poisoned,
+    /// Every caller after the failure gets the same error: what failed, where.
+    Poisoned {
+        /// What the store was doing when it first failed.
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's error of that first failure.
+        source: io::Error,
+    },
     /// An I/O operation failed.
     Io {
         /// What the store was doing.
@@ -135,9 +148,10 @@ impl fmt::Display for Error {
                 c.offset,
                 c.reason
             ),
-            Error::Poisoned => write!(
+            Error::Poisoned { op, path, source } => write!(
                 f,
-                "the store refuses writes after an earlier write or fsync failure (what reached the disk is unknown); fix the disk and reopen the store"
+                "the store refuses writes after an earlier failure while {op} {}: {source} (what reached the disk is unknown); fix the disk and reopen the store",
+                path.display()
             ),
             Error::Io { op, path, source } => {
                 write!(f, "I/O error while {op} {}: {source}", path.display())?;
@@ -147,6 +161,10 @@ impl fmt::Display for Error {
                 Ok(())
             }
             Error::Closed => write!(f, "the store is closed; open it again to continue"),
+            Error::ReadOnly => write!(
+                f,
+                "the store was opened read-only; open it without read_only to write"
+            ),
             Error::PartialBatch { outcomes, source } => write!(
                 f,
                 "the batch stopped after its first {} ids: {source}; those ids are answered in `outcomes` (process the ones answered First), retry the rest",
@@ -159,7 +177,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io { source, .. } => Some(source),
+            Error::Io { source, .. } | Error::Poisoned { source, .. } => Some(source),
             Error::PartialBatch { source, .. } => Some(source.as_ref()),
             _ => None,
         }

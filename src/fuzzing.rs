@@ -31,7 +31,7 @@ pub fn decode_record(bytes: &[u8]) -> Result<DecodedRecord, String> {
     Ok(DecodedRecord {
         len,
         namespace_id: decoded.namespace_id,
-        lsn: decoded.lsn,
+        lsn: decoded.lsn.0,
         id: decoded.id.to_vec(),
         reencoded,
     })
@@ -39,10 +39,10 @@ pub fn decode_record(bytes: &[u8]) -> Result<DecodedRecord, String> {
 
 /// Encodes a `check_and_set` mark record (for seeds and hand-made damage).
 pub fn encode_mark(namespace_id: u32, lsn: u64, first_seen_ms: u64, id: &[u8]) -> Vec<u8> {
-    let record = record::Record {
-        state: record::State::Mark,
+    let record = record::StoredRecord {
+        state: record::State::Seen,
         namespace_id,
-        lsn,
+        lsn: crate::addr::Lsn(lsn),
         first_seen_ms,
         id,
         claim: record::ClaimFields::default(),

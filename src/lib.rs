@@ -31,18 +31,24 @@
 //!
 //! See `docs/ARCHITECTURE.md` for how it works and `docs/FORMAT.md` for the bytes.
 
+mod addr;
+mod answer;
 mod check;
 mod checkpoint;
 mod clock;
 mod error;
+mod expiry;
 mod format;
 mod index;
 mod io;
+mod lifecycle;
 mod log;
 mod namespace;
 mod operations;
 mod options;
+mod poison;
 mod recovery;
+mod stats;
 mod store;
 #[cfg_attr(
     not(any(feature = "metrics", test)),
@@ -53,19 +59,24 @@ mod store;
 )]
 mod telemetry;
 
+pub use answer::{Imported, Outcome, Record, Seen, Status};
 pub use check::{VERIFY_LISTED_MAX, VerifyReport, verify, verify_with_progress};
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
 pub use error::{Corruption, Error};
-pub use namespace::{Begin, Claim, Namespace, Outcome, Policy, Record, Seen, Status};
+pub use namespace::{Begin, Claim, Namespace, Policy};
 pub use operations::{LATENCY_SAMPLE_EVERY, LatencyHistogram, OperationStats};
 pub use options::Durability;
-pub use store::{Imported, Stats, Store, StoreBuilder};
+pub use stats::Stats;
+pub use store::{Store, StoreBuilder};
 
-/// Entry points for the fuzz targets in `fuzz/` (not a supported API).
+/// Entry points for the fuzz targets in `fuzz/` (feature `testing`; not a supported
+/// API).
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod fuzzing;
 
-/// The simulated file system and planted bugs of the reliability tests (not a
-/// supported API).
+/// The simulated file system, the reference model and the planted bugs of the
+/// reliability tests (feature `testing`; not a supported API).
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;

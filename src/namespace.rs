@@ -4,10 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::addr::Lsn;
+use crate::answer::{Imported, Outcome, Record};
 use crate::clock::{UnixMs, duration_ms_ceil};
 use crate::error::Error;
+use crate::lifecycle::Resolution;
 use crate::operations::{self, Timed};
-use crate::store::Inner;
+use crate::store::{Inner, Resolved};
 
 /// A namespace's defaults: how long keys are remembered, how long a claim's lease
 /// lasts, and how many acquisitions a key gets before it is exhausted.
@@ -43,7 +46,9 @@ impl Policy {
         }
     }
 
-    /// The retention.
+    /// The ttl: how long a key is remembered at least. Its bucket deadline may be
+    /// up to `max(bucket width, ttl / 1024)` later (docs/CONTRACT.md), so the
+    /// retention a key actually gets is this plus that rounding.
     pub fn retention(&self) -> Duration {
         self.ttl
     }
@@ -54,88 +59,6 @@ impl Policy {
 
     pub(crate) fn lease_ms(&self) -> u64 {
         duration_ms_ceil(self.lease)
-    }
-}
-
-/// The answer of [`Namespace::check_and_set`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
-pub enum Outcome {
-    /// The first time within the retention: process the message.
-    First,
-    /// Seen before: skip it.
-    Duplicate(Seen),
-}
-
-impl Outcome {
-    /// `true` for [`Outcome::First`].
-    pub fn is_first(&self) -> bool {
-        matches!(self, Outcome::First)
-    }
-}
-
-/// When a duplicate key was first seen and when it will be forgotten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seen {
-    /// When the key was first seen.
-    pub first_seen: UnixMs,
-    /// When the key will be forgotten (bucket deadline).
-    pub expires_at: UnixMs,
-}
-
-/// The lifecycle status of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Status {
-    /// Marked by `check_and_set`.
-    Seen,
-    /// A claim holds (or held, if its lease ran out) the key.
-    InProgress,
-    /// The last claim was released: a later `begin` may acquire it again.
-    Released,
-    /// Processed; a result may be stored.
-    Completed,
-    /// Failed for good: `begin` answers `Exhausted`.
-    Failed,
-}
-
-impl Status {
-    /// A lowercase name (`"seen"`, `"in_progress"`, …).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Status::Seen => "seen",
-            Status::InProgress => "in_progress",
-            Status::Released => "released",
-            Status::Completed => "completed",
-            Status::Failed => "failed",
-        }
-    }
-}
-
-/// The consumption record of one key (what [`Namespace::get`] returns, and what
-/// [`Begin`] carries).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    /// The key's status.
-    pub status: Status,
-    /// When the key was first seen in this retention.
-    pub first_seen: UnixMs,
-    /// When the key will be forgotten.
-    pub expires_at: UnixMs,
-    /// How many times a claim acquired the key.
-    pub attempts: u32,
-    /// Until when the current claim holds the key (in progress only).
-    pub lease_until: Option<UnixMs>,
-    /// When the key was completed.
-    pub completed_at: Option<UnixMs>,
-    /// The result stored by `Claim::complete`.
-    pub result: Option<Vec<u8>>,
-}
-
-impl Record {
-    /// The stored result, if any.
-    pub fn result(&self) -> Option<&[u8]> {
-        self.result.as_deref()
     }
 }
 
@@ -154,11 +77,14 @@ pub enum Begin {
 }
 
 /// A namespace handle: cheap to clone, safe to share across threads.
+///
+/// It reaches the engine only through the operations on one key that
+/// `store::keys` gives `Inner` (check_and_set, begin, resolve, get, remove, import).
 #[derive(Clone)]
 pub struct Namespace {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
     pub(crate) id: u32,
-    pub(crate) name: Arc<str>,
+    name: Arc<str>,
     pub(crate) policy: Policy,
 }
 
@@ -172,6 +98,15 @@ impl std::fmt::Debug for Namespace {
 }
 
 impl Namespace {
+    pub(crate) fn new(inner: Arc<Inner>, id: u32, name: &str, policy: Policy) -> Namespace {
+        Namespace {
+            inner,
+            id,
+            name: Arc::from(name),
+            policy,
+        }
+    }
+
     /// The namespace's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -236,6 +171,30 @@ impl Namespace {
     pub fn remove(&self, id: impl AsRef<[u8]>) -> Result<bool, Error> {
         self.inner.remove(self, id.as_ref())
     }
+
+    /// Puts a consumption record back (a restore from `idemstore export`, or a move
+    /// between stores): if `id` is not remembered here, it becomes remembered with
+    /// `record`'s state — status, first seen, attempts, lease, completed at, result —
+    /// until `record.expires_at`, rounded up as any deadline is (docs/CONTRACT.md).
+    ///
+    /// - A key that is already remembered is left alone ([`Imported::AlreadyLive`]):
+    ///   the live state wins, so importing twice, or into a store that kept running,
+    ///   never rolls a key back.
+    /// - A record whose `expires_at` has passed is not written ([`Imported::Expired`]).
+    /// - A `Seen` record is a `check_and_set` mark: its attempts, lease and completion
+    ///   are ignored. Only a `Completed` record may carry a result (else
+    ///   `Error::InvalidOption`), at most `max_result_len` bytes (else
+    ///   `Error::ResultTooLarge`); an `InProgress` record needs `lease_until`.
+    /// - `expires_at` may be at most `max_ttl` plus its deadline rounding (one bucket width,
+    ///   or `max_ttl / 1024` when that is longer) from now (else
+    ///   `Error::InvalidTtl`). The namespace's policy ttl does not apply.
+    /// - The payload fingerprint of `begin_with_payload` is not part of [`Record`], so
+    ///   an imported key does not detect a payload mismatch.
+    ///
+    /// The write is as durable as any other under the store's durability mode.
+    pub fn import(&self, id: impl AsRef<[u8]>, record: &Record) -> Result<Imported, Error> {
+        self.inner.import(self, id.as_ref(), record)
+    }
 }
 
 /// A held claim on one key. Resolve it with [`complete`](Claim::complete),
@@ -249,7 +208,7 @@ pub struct Claim {
     /// The lsn of the record this claim last wrote: any other write to the key since
     /// (a re-acquisition after the lease ran out or the key expired, a remove) means
     /// the claim is lost, even if the new acquisition has the same attempt number.
-    pub(crate) lsn: u64,
+    pub(crate) lsn: Lsn,
     pub(crate) lease_until: UnixMs,
     pub(crate) resolved: bool,
 }
@@ -263,15 +222,6 @@ impl std::fmt::Debug for Claim {
             .field("lease_until", &self.lease_until)
             .finish()
     }
-}
-
-/// How a claim is resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Resolution<'a> {
-    Complete(Option<&'a [u8]>),
-    Release,
-    Fail,
-    Extend(u64),
 }
 
 impl Claim {
@@ -314,13 +264,13 @@ impl Claim {
     /// Extends the lease to `lease` from now.
     pub fn extend(&mut self, lease: Duration) -> Result<(), Error> {
         let lease_ms = duration_ms_ceil(lease);
-        let (until, lsn) = self.resolve(Resolution::Extend(lease_ms))?;
-        self.lease_until = until;
-        self.lsn = lsn;
+        let resolved = self.resolve(Resolution::Extend(lease_ms))?;
+        self.lease_until = resolved.lease_until;
+        self.lsn = resolved.lsn;
         Ok(())
     }
 
-    fn resolve(&self, how: Resolution<'_>) -> Result<(UnixMs, u64), Error> {
+    fn resolve(&self, how: Resolution<'_>) -> Result<Resolved, Error> {
         self.namespace
             .inner
             .resolve(&self.namespace, &self.id, self.attempt, self.lsn, how)

@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::namespace::Begin;
-
 /// One call in this many (per thread) is timed.
 pub const LATENCY_SAMPLE_EVERY: u32 = 8;
 
@@ -117,29 +115,18 @@ impl Operations {
         slot.store(slot.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
-    /// Counts the answer of a `begin` (under the shard lock, as `count_locked`).
+    /// Records the latency of a call started at `started` (from `start_timer`);
+    /// returns it, for a call that was timed.
     #[inline]
-    pub(crate) fn count_begin_locked(&self, shard: usize, answer: &Begin) {
-        let counter = match answer {
-            Begin::Acquired(_) => Counter::BeginAcquired,
-            Begin::InProgress(_) => Counter::BeginInProgress,
-            Begin::Completed(_) => Counter::BeginCompleted,
-            Begin::Exhausted(_) => Counter::BeginExhausted,
-        };
-        self.count_locked(shard, counter);
-    }
-
-    /// Records the latency of a call started at `started` (from `start_timer`).
-    #[inline]
-    pub(crate) fn record_latency(&self, timed: Timed, started: Option<Instant>) {
-        let Some(started) = started else {
-            return;
-        };
-        let elapsed = started.elapsed();
+    pub(crate) fn record_latency(
+        &self,
+        timed: Timed,
+        started: Option<Instant>,
+    ) -> Option<Duration> {
+        let elapsed = started?.elapsed();
         let bucket = bucket_of(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
         self.latency[stripe()][timed as usize][bucket].fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
-        crate::telemetry::record_latency(timed, elapsed);
+        Some(elapsed)
     }
 
     /// A snapshot of every counter and histogram.

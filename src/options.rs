@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
+use crate::format::{record, segment_header};
 
 /// How much of an acknowledged operation survives a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +64,9 @@ pub(crate) struct Options {
     pub max_key_len: usize,
     pub max_result_len: usize,
     pub max_ttl_ms: u64,
-    pub segment_size_bytes_max: u64,
+    pub segment_size_bytes: u64,
     pub strict: bool,
+    pub read_only: bool,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -77,8 +79,9 @@ impl Default for Options {
             max_key_len: 1024,
             max_result_len: 4096,
             max_ttl_ms: 400 * 24 * 3600 * 1000,
-            segment_size_bytes_max: 16 << 20,
+            segment_size_bytes: 16 << 20,
             strict: false,
+            read_only: false,
             clock: Arc::new(SystemClock),
         }
     }
@@ -128,24 +131,46 @@ impl Options {
                 self.max_ttl_ms
             )));
         }
-        if self.segment_size_bytes_max < limits::SEGMENT_SIZE_BYTES_MIN
-            || self.segment_size_bytes_max > limits::SEGMENT_SIZE_BYTES_MAX
+        if self.segment_size_bytes < limits::SEGMENT_SIZE_BYTES_MIN
+            || self.segment_size_bytes > limits::SEGMENT_SIZE_BYTES_MAX
         {
             return Err(Error::invalid_option(format!(
                 "segment_size of {} bytes: it must be between {} and {}",
-                self.segment_size_bytes_max,
+                self.segment_size_bytes,
                 limits::SEGMENT_SIZE_BYTES_MIN,
                 limits::SEGMENT_SIZE_BYTES_MAX
             )));
         }
         // The largest record these limits allow must fit in one segment after its header.
-        let record_len_max = 32 + self.max_key_len + 40 + self.max_result_len;
-        if (record_len_max + 64) as u64 > self.segment_size_bytes_max {
+        let record_len_max =
+            record::HEADER_LEN + self.max_key_len + record::CLAIM_BODY_LEN + self.max_result_len;
+        if (record_len_max + segment_header::LEN) as u64 > self.segment_size_bytes {
             return Err(Error::invalid_option(format!(
-                "segment_size of {} bytes cannot hold the largest record that max_key_len ({}) and max_result_len ({}) allow ({record_len_max} bytes + a 64-byte header); raise segment_size or lower the limits",
-                self.segment_size_bytes_max, self.max_key_len, self.max_result_len
+                "segment_size of {} bytes cannot hold the largest record that max_key_len ({}) and max_result_len ({}) allow ({record_len_max} bytes + a {}-byte header); raise segment_size or lower the limits",
+                self.segment_size_bytes,
+                self.max_key_len,
+                self.max_result_len,
+                segment_header::LEN
             )));
         }
         Ok(())
+    }
+}
+
+/// Threads for the work that spreads over cores (replay, checkpoint rebuild) and
+/// log stripes: one per core, at most 8.
+pub(crate) fn parallelism() -> usize {
+    const THREADS_MAX: usize = 8;
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, THREADS_MAX)
+}
+
+impl Options {
+    /// One active segment per bucket for each core, up to 8 (and at most one per
+    /// shard): writers on different cores then rarely contend for a segment's append
+    /// lock.
+    pub(crate) fn log_stripes(&self) -> usize {
+        parallelism().min(self.shards)
     }
 }

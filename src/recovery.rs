@@ -17,9 +17,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::addr::Lsn;
 use crate::checkpoint;
 use crate::error::Error;
-use crate::format::record::Record;
+use crate::format::record::StoredRecord;
 use crate::format::segment_header::{self, SegmentHeader};
 use crate::index::{Index, KeyHash, Shard};
 use crate::io::{SegmentFile, Vfs};
@@ -54,7 +55,7 @@ struct Pending {
 #[derive(Default)]
 struct Replayed {
     records: u64,
-    max_lsn: u64,
+    max_lsn: Lsn,
     scan: reader::ScanReport,
     unknown_namespace: Vec<usize>,
 }
@@ -178,7 +179,7 @@ pub(crate) fn recover(
     index.reserve(usize::try_from(total_bytes / RECORD_LEN_ESTIMATE).unwrap_or(usize::MAX));
     let replayed = replay_all(log, index, &pending, namespace_count);
 
-    let mut max_lsn = 0u64;
+    let mut max_lsn = Lsn(0);
     for (segment, replayed) in pending.iter().zip(replayed) {
         max_lsn = max_lsn.max(replayed.max_lsn);
         report.records_replayed += replayed.records;
@@ -245,10 +246,7 @@ fn replay_all(
     pending: &[Pending],
     namespace_count: usize,
 ) -> Vec<Replayed> {
-    let parts = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .clamp(1, 8)
-        .min(index.shard_count());
+    let parts = crate::options::parallelism().min(index.shard_count());
     let replay_part = |part: usize| {
         let mut shards: Vec<MutexGuard<'_, Shard>> = (part..index.shard_count())
             .step_by(parts)
@@ -327,16 +325,17 @@ fn apply(
     hash: KeyHash,
     slot: SegmentSlot,
     offset: usize,
-    record: &Record<'_>,
+    record: &StoredRecord<'_>,
 ) {
     let location = Location {
         slot,
         offset: offset as u32,
     };
     let mut existing = None;
-    shard.find(hash, |candidate| {
+    let held: &Shard = shard;
+    held.find(hash, |candidate| {
         let found = log
-            .with_record(candidate, |_, other| {
+            .with_record(held, candidate, |_, other| {
                 (other.namespace_id == record.namespace_id && other.id == record.id)
                     .then_some((other.lsn, other.state))
             })

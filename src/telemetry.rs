@@ -6,7 +6,7 @@
 //! unit-tested below; only the few lines that hand values to the facade depend on the
 //! feature (tested by `tests/metrics_facade.rs`).
 
-use crate::store::Stats;
+use crate::stats::Stats;
 
 /// Whether a metric counts up since open or is a level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,32 +206,20 @@ pub(crate) fn metric_values(stats: &Stats) -> Vec<MetricValue> {
     values
 }
 
+/// Hands every metric of `stats` to the `metrics` facade (`Store::export_metrics`).
 #[cfg(feature = "metrics")]
-impl crate::store::Store {
-    /// Reports the store's figures through the `metrics` facade (feature `metrics`);
-    /// call it periodically, e.g. before each scrape. Counters (`*_total`: operations
-    /// by answer, expired buckets and keys, sync rounds, corrupt records skipped) are
-    /// set to their totals since open; gauges hold keys by status, disk and index
-    /// bytes, segments, buckets, `idemstore_expiry_lag_seconds`, and the sampled
-    /// latency quantiles (`idemstore_*_latency_seconds{quantile="0.5"|"0.99"|"0.999"}`).
-    /// Sampled latencies are also recorded as they happen, into the histograms
-    /// `idemstore_check_and_set_seconds` and `idemstore_begin_seconds`.
-    ///
-    /// The metrics carry no store label: a process with several stores should export
-    /// from one of them, or read [`Store::stats`] itself.
-    pub fn export_metrics(&self) {
-        for metric in metric_values(&self.stats()) {
-            let labels: Vec<metrics::Label> = metric
-                .label
-                .map(|(key, value)| metrics::Label::from_static_parts(key, value))
-                .into_iter()
-                .collect();
-            match metric.kind {
-                MetricKind::Counter => {
-                    metrics::counter!(metric.name, labels).absolute(metric.value as u64);
-                }
-                MetricKind::Gauge => metrics::gauge!(metric.name, labels).set(metric.value),
+pub(crate) fn export(stats: &Stats) {
+    for metric in metric_values(stats) {
+        let labels: Vec<metrics::Label> = metric
+            .label
+            .map(|(key, value)| metrics::Label::from_static_parts(key, value))
+            .into_iter()
+            .collect();
+        match metric.kind {
+            MetricKind::Counter => {
+                metrics::counter!(metric.name, labels).absolute(metric.value as u64);
             }
+            MetricKind::Gauge => metrics::gauge!(metric.name, labels).set(metric.value),
         }
     }
 }

@@ -37,6 +37,7 @@
 //! and never panics, whatever the bytes.
 
 use super::{read_u32, read_u64, segment_header};
+use crate::addr;
 
 /// The file name in the store directory.
 pub(crate) const FILE_NAME: &str = "CHECKPOINT";
@@ -80,16 +81,9 @@ const CHECKSUM_LEN: usize = 8;
 /// Live keys are counted per state, six of them (`index::StateCounts`).
 pub(crate) const STATES: usize = 6;
 
-/// Bits of an entry, as in the index (`index::Entry`).
-const OFFSET_BITS: u32 = 24;
-const SEGMENT_BITS: u32 = 20;
-const FINGERPRINT_BITS: u32 = 20;
-const _: () = assert!(OFFSET_BITS + SEGMENT_BITS + FINGERPRINT_BITS == 64);
-const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
-const SEGMENT_MASK: u64 = (1 << SEGMENT_BITS) - 1;
-/// Most segments a checkpoint can list: an entry names one in 20 bits.
-pub(crate) const SEGMENTS_MAX: usize = 1 << SEGMENT_BITS;
-const _: () = assert!(SEGMENTS_MAX >= crate::index::SEGMENT_SLOTS_MAX);
+/// Most segments a checkpoint can list: an entry names one in its slot field
+/// (the entry word is the index's, `crate::addr`).
+pub(crate) const SEGMENTS_MAX: usize = addr::SEGMENT_SLOTS_MAX;
 /// Most shards a checkpoint can hold (the store's own limit).
 const SHARDS_MAX: usize = crate::options::limits::SHARDS_MAX;
 
@@ -113,19 +107,15 @@ pub(crate) struct EntryInfo {
 
 impl EntryInfo {
     fn pack(self) -> u64 {
-        debug_assert!(u64::from(self.fingerprint) < 1 << FINGERPRINT_BITS);
-        debug_assert!(u64::from(self.segment) <= SEGMENT_MASK);
-        debug_assert!(u64::from(self.offset) <= OFFSET_MASK);
-        (u64::from(self.fingerprint) << (SEGMENT_BITS + OFFSET_BITS))
-            | (u64::from(self.segment) << OFFSET_BITS)
-            | u64::from(self.offset)
+        addr::pack(self.fingerprint, self.segment, self.offset)
     }
 
     fn unpack(word: u64) -> EntryInfo {
+        let (fingerprint, segment, offset) = addr::unpack(word);
         EntryInfo {
-            fingerprint: (word >> (SEGMENT_BITS + OFFSET_BITS)) as u32,
-            segment: ((word >> OFFSET_BITS) & SEGMENT_MASK) as u32,
-            offset: (word & OFFSET_MASK) as u32,
+            fingerprint,
+            segment,
+            offset,
         }
     }
 }
@@ -317,7 +307,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded<'_>, String> {
         })
         .collect();
     for (i, segment) in segments.iter().enumerate() {
-        if segment.valid_len < segment_header::LEN as u64 || segment.valid_len > OFFSET_MASK + 1 {
+        if segment.valid_len < segment_header::LEN as u64
+            || segment.valid_len > addr::OFFSET_MASK + 1
+        {
             return Err(format!(
                 "checkpoint segment {i} has an impossible length {}",
                 segment.valid_len

@@ -10,7 +10,7 @@
 //! 6      2    id_len         1..=65535
 //! 8      4    namespace_id   from the NAMESPACES file
 //! 12     4    body_len       0 for mark and tombstone; claim: 40 + result_len
-//! 16     8    lsn            log sequence number, unique and increasing per store
+//! 16     8    lsn            log sequence number, unique in a store and increasing per key (`addr::Lsn`)
 //! 24     8    first_seen_ms  unix ms when the key was first seen in this retention
 //! 32     id_len              the id bytes
 //! 32+id  body_len            the claim body (below), if any
@@ -27,6 +27,7 @@
 //! ```
 
 use super::{checksum32, read_u16, read_u32, read_u64};
+use crate::addr::Lsn;
 use crate::options::limits;
 
 const CHECKSUM_OFFSET: usize = 0;
@@ -65,11 +66,12 @@ pub(crate) const KIND_MARK: u8 = 0xA1;
 pub(crate) const KIND_CLAIM: u8 = 0xA2;
 pub(crate) const KIND_TOMBSTONE: u8 = 0xA3;
 
-/// The state a record gives its key.
+/// The state a record gives its key: the public `Status` vocabulary, plus the
+/// tombstone of a removed key (`lifecycle::status_of` maps the two).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
-    /// `check_and_set` saw the key.
-    Mark,
+    /// `check_and_set` saw the key (a mark record).
+    Seen,
     InProgress,
     Released,
     Completed,
@@ -79,9 +81,25 @@ pub(crate) enum State {
 }
 
 impl State {
+    /// Every state, in the order `StateCounts` counts them (tested there).
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "enumerates the states for tests")
+    )]
+    pub(crate) const ALL: [State; 6] = [
+        State::Seen,
+        State::InProgress,
+        State::Released,
+        State::Completed,
+        State::Failed,
+        State::Tombstone,
+    ];
+}
+
+impl State {
     fn kind_and_status(self) -> (u8, u8) {
         match self {
-            State::Mark => (KIND_MARK, 0),
+            State::Seen => (KIND_MARK, 0),
             State::InProgress => (KIND_CLAIM, 1),
             State::Released => (KIND_CLAIM, 2),
             State::Completed => (KIND_CLAIM, 3),
@@ -92,7 +110,7 @@ impl State {
 
     fn from_kind_and_status(kind: u8, status: u8) -> Option<State> {
         Some(match (kind, status) {
-            (KIND_MARK, 0) => State::Mark,
+            (KIND_MARK, 0) => State::Seen,
             (KIND_CLAIM, 1) => State::InProgress,
             (KIND_CLAIM, 2) => State::Released,
             (KIND_CLAIM, 3) => State::Completed,
@@ -121,10 +139,10 @@ pub(crate) struct ClaimFields {
 
 /// One record, borrowed from the bytes it was decoded from (or that it will encode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Record<'a> {
+pub(crate) struct StoredRecord<'a> {
     pub state: State,
     pub namespace_id: u32,
-    pub lsn: u64,
+    pub lsn: Lsn,
     pub first_seen_ms: u64,
     pub id: &'a [u8],
     pub claim: ClaimFields,
@@ -140,7 +158,7 @@ pub(crate) enum DecodeError {
     Invalid(&'static str),
 }
 
-impl Record<'_> {
+impl StoredRecord<'_> {
     /// The encoded length of this record.
     pub(crate) fn encoded_len(&self) -> usize {
         HEADER_LEN + self.id.len() + self.body_len()
@@ -167,7 +185,7 @@ impl Record<'_> {
             .copy_from_slice(&(self.id.len() as u16).to_le_bytes());
         out[NAMESPACE_ID_OFFSET..BODY_LEN_OFFSET].copy_from_slice(&self.namespace_id.to_le_bytes());
         out[BODY_LEN_OFFSET..LSN_OFFSET].copy_from_slice(&(body_len as u32).to_le_bytes());
-        out[LSN_OFFSET..FIRST_SEEN_OFFSET].copy_from_slice(&self.lsn.to_le_bytes());
+        out[LSN_OFFSET..FIRST_SEEN_OFFSET].copy_from_slice(&self.lsn.0.to_le_bytes());
         out[FIRST_SEEN_OFFSET..HEADER_LEN].copy_from_slice(&self.first_seen_ms.to_le_bytes());
         let id_end = HEADER_LEN + self.id.len();
         out[HEADER_LEN..id_end].copy_from_slice(self.id);
@@ -260,7 +278,7 @@ impl Header {
 
 /// Decodes and verifies the record at the start of `bytes`; returns it and its length.
 /// Never panics and never allocates, whatever the bytes.
-pub(crate) fn decode(bytes: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<(StoredRecord<'_>, usize), DecodeError> {
     let header = Header::decode(bytes)?;
     let len = header.record_len();
     debug_assert!(len <= RECORD_LEN_MAX);
@@ -305,10 +323,10 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
             result = Some(&body[CLAIM_BODY_LEN..]);
         }
     }
-    let record = Record {
+    let record = StoredRecord {
         state: header.state,
         namespace_id: header.namespace_id,
-        lsn: header.lsn,
+        lsn: Lsn(header.lsn),
         first_seen_ms: header.first_seen_ms,
         id,
         claim,
@@ -323,11 +341,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn sample(state: State, result: Option<&'static [u8]>) -> Record<'static> {
-        Record {
+    fn sample(state: State, result: Option<&'static [u8]>) -> StoredRecord<'static> {
+        StoredRecord {
             state,
             namespace_id: 3,
-            lsn: 99,
+            lsn: Lsn(99),
             first_seen_ms: 1_700_000_000_123,
             id: b"order-42",
             claim: if state.has_claim_body() {
@@ -346,13 +364,13 @@ mod tests {
 
     #[test]
     fn a_mark_costs_32_bytes_plus_the_id() {
-        let record = sample(State::Mark, None);
+        let record = sample(State::Seen, None);
         assert_eq!(record.encode().len(), 32 + b"order-42".len());
     }
 
     #[test]
     fn every_state_round_trips() {
-        for state in [State::Mark, State::Tombstone] {
+        for state in [State::Seen, State::Tombstone] {
             let bytes = sample(state, None).encode();
             assert_eq!(decode(&bytes), Ok((sample(state, None), bytes.len())));
         }

@@ -2,16 +2,15 @@
 //! of one key. A fingerprint match is only a candidate: the caller verifies the full
 //! key against the record, so colliding hashes can never produce a false duplicate.
 
-use std::alloc::Layout;
-use std::ptr::NonNull;
+mod alloc;
 
-use allocator_api2::alloc::{AllocError, Allocator, Global};
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::addr::{self, FINGERPRINT_MASK, Location, Lsn, ReadersDrained, SegmentSlot};
 use crate::format::record::State;
-use crate::log::{Location, SegmentSlot};
+use alloc::TableAlloc;
 
 /// The 64-bit hash of `(namespace_id, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,23 +34,7 @@ impl KeyHash {
     }
 }
 
-/// Bits of an entry: offset in the segment, segment slot, fingerprint.
-const OFFSET_BITS: u32 = 24;
-const SLOT_BITS: u32 = 20;
-const FINGERPRINT_BITS: u32 = 64 - OFFSET_BITS - SLOT_BITS;
-const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
-const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
-const FINGERPRINT_MASK: u64 = (1 << FINGERPRINT_BITS) - 1;
-
-/// Most segments a store can hold at once (slots are reused after deletion).
-pub(crate) const SEGMENT_SLOTS_MAX: usize = 1 << SLOT_BITS;
-
-const _: () = assert!(crate::options::limits::SEGMENT_SIZE_BYTES_MAX <= 1 << OFFSET_BITS);
-const _: () = assert!(FINGERPRINT_BITS == 20);
-// The shard is picked from bits 32.. of the hash, the fingerprint from bits ..20: independent.
-const _: () = assert!(FINGERPRINT_BITS <= 32);
-
-/// One index entry: 8 bytes, `fingerprint:20 | slot:20 | offset:24`.
+/// One index entry: 8 bytes, packed as `crate::addr` lays out.
 ///
 /// At hashbrown's load factors (7/8 just before growth, 7/16 just after) plus one
 /// control byte per bucket, that is 10.3 to 20.6 bytes of memory per key.
@@ -62,24 +45,18 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 8);
 
 impl Entry {
     fn new(fingerprint: u32, location: Location) -> Entry {
-        debug_assert!(u64::from(fingerprint) <= FINGERPRINT_MASK);
-        debug_assert!(u64::from(location.slot.0) <= SLOT_MASK);
-        debug_assert!(u64::from(location.offset) <= OFFSET_MASK);
-        Entry(
-            (u64::from(fingerprint) << (SLOT_BITS + OFFSET_BITS))
-                | (u64::from(location.slot.0) << OFFSET_BITS)
-                | u64::from(location.offset),
-        )
+        Entry(addr::pack(fingerprint, location.slot.0, location.offset))
     }
 
     fn fingerprint(&self) -> u32 {
-        (self.0 >> (SLOT_BITS + OFFSET_BITS)) as u32
+        addr::unpack(self.0).0
     }
 
     pub(crate) fn location(&self) -> Location {
+        let (_, slot, offset) = addr::unpack(self.0);
         Location {
-            slot: SegmentSlot(((self.0 >> OFFSET_BITS) & SLOT_MASK) as u32),
-            offset: (self.0 & OFFSET_MASK) as u32,
+            slot: SegmentSlot(slot),
+            offset,
         }
     }
 }
@@ -91,62 +68,6 @@ fn table_hash(fingerprint: u32) -> u64 {
     u64::from(fingerprint).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// Tables from this size up are mapped straight from the kernel (and unmapped when
-/// freed); smaller ones come from the global allocator.
-const TABLE_MMAP_MIN: usize = 4096;
-
-/// The allocator of the index tables. A table doubles by allocating the new one and
-/// freeing the old; from the global allocator, the freed halves mostly stay resident
-/// in its heap (glibc raises its mmap threshold after the first large free). Mapping
-/// large tables directly returns each old table to the kernel when it is freed, so
-/// the process holds only the live tables: the memory-per-key figure is the index.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct TableAlloc;
-
-fn is_mapped(layout: Layout) -> bool {
-    layout.size() >= TABLE_MMAP_MIN && layout.align() <= 4096
-}
-
-// SAFETY: blocks from `allocate` are valid for `layout` until `deallocate`; mapped
-// blocks are page-aligned (so aligned for any `layout.align() <= 4096`) and zeroed,
-// and every block goes back to the allocator it came from, chosen by the same
-// `is_mapped(layout)` on both sides.
-unsafe impl Allocator for TableAlloc {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if !is_mapped(layout) {
-            return Global.allocate(layout);
-        }
-        // SAFETY: an anonymous private mapping; no memory is passed in.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                layout.size(),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(AllocError);
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(ptr, layout.size()))
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if !is_mapped(layout) {
-            // SAFETY: the caller passes a block `allocate` got from `Global` for
-            // this same layout.
-            return unsafe { Global.deallocate(ptr, layout) };
-        }
-        // SAFETY: the caller passes a block `allocate` mapped with this size.
-        unsafe {
-            libc::munmap(ptr.as_ptr().cast(), layout.size());
-        }
-    }
-}
-
 /// Live keys per state in one shard.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct StateCounts {
@@ -156,7 +77,7 @@ pub(crate) struct StateCounts {
 impl StateCounts {
     pub(crate) fn index(state: State) -> usize {
         match state {
-            State::Mark => 0,
+            State::Seen => 0,
             State::InProgress => 1,
             State::Released => 2,
             State::Completed => 3,
@@ -190,14 +111,10 @@ pub(crate) struct Shard {
     open_lsn_counter: u64,
 }
 
-/// Lsns carry the shard index in their low bits; shards are at most 2^16.
-const LSN_SHARD_BITS: u32 = 16;
-const _: () = assert!(crate::options::limits::SHARDS_MAX <= 1 << LSN_SHARD_BITS);
-
 impl Shard {
     /// A new lsn, greater than every lsn this shard handed out or recovery saw.
-    pub(crate) fn next_lsn(&mut self) -> u64 {
-        let lsn = (self.lsn_counter << LSN_SHARD_BITS) | u64::from(self.index);
+    pub(crate) fn next_lsn(&mut self) -> Lsn {
+        let lsn = Lsn::new(self.lsn_counter, self.index);
         self.lsn_counter += 1;
         lsn
     }
@@ -205,12 +122,8 @@ impl Shard {
     /// The state a stored record stands for now. A claim in progress written before
     /// this open belongs to a process that no longer holds the directory lock, so it
     /// is dead: it counts as released (its attempts stay).
-    pub(crate) fn effective_state(&self, state: State, lsn: u64) -> State {
-        if state == State::InProgress && lsn >> LSN_SHARD_BITS < self.open_lsn_counter {
-            State::Released
-        } else {
-            state
-        }
+    pub(crate) fn effective_state(&self, state: State, lsn: Lsn) -> State {
+        effective(state, lsn, self.open_lsn_counter)
     }
 
     /// The entry for `hash` whose record `is_key` confirms, if any.
@@ -264,6 +177,34 @@ impl Shard {
         }
     }
 
+    /// Removes every entry that points into one of `slots`, whatever its record says
+    /// (the reaper's sweep after a walk that met damaged records). `read` gives the
+    /// state and lsn of the record an entry names, if it still decodes, so its count
+    /// is taken back; returns how many entries were removed and how many of those
+    /// named a record that no longer decodes (their counts stay: their state is lost).
+    pub(crate) fn remove_slots(
+        &mut self,
+        slots: &[SegmentSlot],
+        mut read: impl FnMut(Location) -> Option<(State, Lsn)>,
+    ) -> (u64, u64) {
+        let open_lsn_counter = self.open_lsn_counter;
+        let counts = &mut self.counts;
+        let (mut removed, mut unreadable) = (0, 0);
+        self.table.retain(|e| {
+            let location = e.location();
+            if !slots.contains(&location.slot) {
+                return true;
+            }
+            removed += 1;
+            match read(location) {
+                Some((state, lsn)) => counts.sub(effective(state, lsn, open_lsn_counter)),
+                None => unreadable += 1,
+            }
+            false
+        });
+        (removed, unreadable)
+    }
+
     /// Memory held by the table, in bytes.
     pub(crate) fn allocation_size(&self) -> usize {
         self.table.allocation_size()
@@ -299,6 +240,15 @@ impl Shard {
     /// After a restore from a checkpoint: lsns continue at least from `counter`.
     pub(crate) fn restore_lsn_counter(&mut self, counter: u64) {
         self.lsn_counter = self.lsn_counter.max(counter);
+    }
+}
+
+/// `Shard::effective_state` for a shard whose recovery ended at `open_lsn_counter`.
+fn effective(state: State, lsn: Lsn, open_lsn_counter: u64) -> State {
+    if state == State::InProgress && lsn.counter() < open_lsn_counter {
+        State::Released
+    } else {
+        state
     }
 }
 
@@ -376,12 +326,48 @@ impl Index {
     }
 
     /// After recovery: every lsn handed out from now on exceeds `max_lsn`.
-    pub(crate) fn set_lsn_floor(&self, max_lsn: u64) {
+    pub(crate) fn set_lsn_floor(&self, max_lsn: Lsn) {
         for shard in self.shards() {
             let mut shard = shard.lock();
-            shard.lsn_counter = shard.lsn_counter.max((max_lsn >> LSN_SHARD_BITS) + 1);
+            shard.lsn_counter = shard.lsn_counter.max(max_lsn.counter() + 1);
         }
     }
+
+    /// Takes every shard lock once: a grace period. Readers dereference the log's
+    /// directory pointers only while holding a shard lock, so once this returns, no
+    /// reader still holds a pointer loaded before the call. Under each lock, also
+    /// removes every entry that points into one of `sweep` (`Shard::remove_slots`).
+    pub(crate) fn drain_readers(
+        &self,
+        sweep: &[SegmentSlot],
+        mut read: impl FnMut(Location) -> Option<(State, Lsn)>,
+    ) -> Drained {
+        let (mut swept, mut unreadable) = (0, 0);
+        for shard in self.shards() {
+            let mut shard = shard.lock();
+            if !sweep.is_empty() {
+                let (removed, lost) = shard.remove_slots(sweep, &mut read);
+                swept += removed;
+                unreadable += lost;
+            }
+        }
+        Drained {
+            // SAFETY: every shard lock was acquired and released above, and the
+            // caller cleared the directory slots before calling (`Log::unpublish`).
+            proof: unsafe { ReadersDrained::new() },
+            swept,
+            unreadable,
+        }
+    }
+}
+
+/// What `Index::drain_readers` did.
+pub(crate) struct Drained {
+    pub proof: ReadersDrained,
+    /// Entries removed by slot.
+    pub swept: u64,
+    /// Of those, entries whose record no longer decodes.
+    pub unreadable: u64,
 }
 
 #[cfg(test)]
@@ -389,33 +375,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn entries_pack_every_field_at_its_extremes() {
-        for fingerprint in [0, 1, FINGERPRINT_MASK as u32] {
-            for slot in [0, 1, SLOT_MASK as u32] {
-                for offset in [0, 64, OFFSET_MASK as u32] {
-                    let location = Location {
-                        slot: SegmentSlot(slot),
-                        offset,
-                    };
-                    let entry = Entry::new(fingerprint, location);
-                    assert_eq!(entry.fingerprint(), fingerprint);
-                    assert_eq!(entry.location(), location);
-                }
-            }
+    fn entries_keep_every_field_at_its_extremes() {
+        let location = Location {
+            slot: SegmentSlot(addr::SLOT_MASK as u32),
+            offset: addr::OFFSET_MASK as u32,
+        };
+        let entry = Entry::new(FINGERPRINT_MASK as u32, location);
+        assert_eq!(entry.fingerprint(), FINGERPRINT_MASK as u32);
+        assert_eq!(entry.location(), location);
+    }
+
+    #[test]
+    fn state_counts_follow_the_order_of_every_state() {
+        for (i, state) in State::ALL.into_iter().enumerate() {
+            assert_eq!(StateCounts::index(state), i);
         }
     }
 
     #[test]
     fn lsns_are_unique_across_shards_and_exceed_the_recovered_floor() {
         let index = Index::new(4);
-        index.set_lsn_floor(5 << LSN_SHARD_BITS | 3);
+        let floor = Lsn::new(5, 3);
+        index.set_lsn_floor(floor);
         let mut seen = std::collections::BTreeSet::new();
         for shard in 0..4 {
             let mut guard = index.lock_at(shard);
             for _ in 0..3 {
                 let lsn = guard.next_lsn();
-                assert!(lsn > (5 << LSN_SHARD_BITS | 3));
-                assert!(seen.insert(lsn), "lsn {lsn} handed out twice");
+                assert!(lsn > floor);
+                assert!(seen.insert(lsn), "lsn {lsn:?} handed out twice");
             }
         }
     }

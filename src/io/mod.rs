@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 mod os;
+#[cfg(feature = "testing")]
 pub(crate) mod sim;
 
 pub(crate) use os::{LOCK_FILE_NAME, OsVfs};

@@ -10,6 +10,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::Log;
 use crate::error::Error;
+use crate::poison::Poison;
 
 #[derive(Default)]
 struct State {
@@ -17,8 +18,8 @@ struct State {
     requested: u64,
     /// Every ticket up to this one is covered by a completed sync.
     completed: u64,
-    /// The first sync failure; sticky.
-    failure: Option<(std::io::ErrorKind, String)>,
+    /// A sync failed: the log's poison holds the error.
+    failed: bool,
     stop: bool,
 }
 
@@ -27,6 +28,7 @@ const GATHER_MAX: Duration = Duration::from_micros(500);
 
 pub(crate) struct Committer {
     state: Mutex<State>,
+    poison: Arc<Poison>,
     wake: Condvar,
     /// Completed sync rounds (for stats and tests of group commit).
     pub(crate) rounds: AtomicU64,
@@ -35,9 +37,10 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn new() -> Committer {
+    pub(crate) fn new(poison: Arc<Poison>) -> Committer {
         Committer {
             state: Mutex::new(State::default()),
+            poison,
             wake: Condvar::new(),
             rounds: AtomicU64::new(0),
             waits: AtomicU64::new(0),
@@ -59,8 +62,8 @@ impl Committer {
             return Ok(());
         }
         loop {
-            if let Some((kind, message)) = &state.failure {
-                return Err(failure_error(*kind, message));
+            if state.failed || self.poison.is_set() {
+                return Err(self.poisoned());
             }
             if state.completed >= ticket {
                 return Ok(());
@@ -96,7 +99,7 @@ impl Committer {
             let (target, completed_before) = {
                 let mut state = self.state.lock();
                 loop {
-                    if state.failure.is_some() {
+                    if state.failed {
                         // Poisoned: nothing more will be synced; wake anyone waiting.
                         self.wake.notify_all();
                         if state.stop {
@@ -145,13 +148,8 @@ impl Committer {
             match result {
                 Ok(()) => state.completed = state.completed.max(target),
                 Err(e) => {
-                    log.poison();
-                    tracing::error!(error = %e, "fsync failed; the store refuses writes until reopened");
-                    let (kind, message) = match &e {
-                        Error::Io { source, .. } => (source.kind(), e.to_string()),
-                        _ => (std::io::ErrorKind::Other, e.to_string()),
-                    };
-                    state.failure = Some((kind, message));
+                    self.poison.set(&e);
+                    state.failed = true;
                 }
             }
             self.wake.notify_all();
@@ -165,19 +163,10 @@ impl Committer {
         self.wake.notify_all();
     }
 
-    pub(crate) fn failure(&self) -> Option<Error> {
-        let state = self.state.lock();
-        state
-            .failure
-            .as_ref()
-            .map(|(kind, message)| failure_error(*kind, message))
-    }
-}
-
-fn failure_error(kind: std::io::ErrorKind, message: &str) -> Error {
-    Error::Io {
-        op: "syncing the log (earlier failure; the store is poisoned)",
-        path: std::path::PathBuf::new(),
-        source: std::io::Error::new(kind, message.to_string()),
+    /// The error of a failed sync, which every waiter gets.
+    fn poisoned(&self) -> Error {
+        self.poison
+            .error()
+            .expect("a failed round poisons the store before it is marked failed")
     }
 }

@@ -4,23 +4,28 @@
 //! previous record, so deleting a whole bucket can never bring an older state back.
 
 pub(crate) mod commit;
+mod directory;
 pub(crate) mod reader;
 pub(crate) mod segment;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
+pub(crate) use crate::addr::{Location, SegmentSlot};
+use crate::addr::{ReadersDrained, SEGMENT_SLOTS_MAX};
 use crate::error::Error;
-use crate::format::record::Record;
+use crate::format::record::StoredRecord;
 use crate::format::segment_header::{self, SegmentHeader};
-use crate::index::SEGMENT_SLOTS_MAX;
+use crate::index::{Drained, Shard};
 use crate::io::Vfs;
-pub(crate) use segment::{Appended, Location, Segment, SegmentSlot};
+use crate::poison::Poison;
+use directory::Directory;
+pub(crate) use segment::{Appended, Segment};
 
 /// The segments of one expiry bucket.
 #[derive(Default)]
@@ -48,8 +53,8 @@ impl SegmentTable {
     }
 
     /// A free slot. A slot is reused only after its segment was deleted, which happens
-    /// after every index entry pointing into it was removed and every stripe dropped
-    /// its cached handle (`Log::forget_active_through`).
+    /// after the reaper removed the index entries pointing into it and readers were
+    /// drained (`Log::delete_segments`).
     fn next_slot(&mut self) -> Result<SegmentSlot, Error> {
         if let Some(slot) = self.free.pop() {
             return Ok(SegmentSlot(slot));
@@ -83,11 +88,29 @@ impl SegmentTable {
         self.slots[slot.0 as usize] = Some(segment);
     }
 
-    fn remove(&mut self, slot: SegmentSlot) -> Option<Arc<Segment>> {
-        let segment = self.slots.get_mut(slot.0 as usize)?.take()?;
-        self.free.push(slot.0);
-        Some(segment)
+    /// Takes the segment out of its slot; the slot stays reserved until `free`.
+    fn take(&mut self, slot: SegmentSlot) -> Option<Arc<Segment>> {
+        self.slots.get_mut(slot.0 as usize)?.take()
     }
+
+    /// Makes a slot emptied by `take` reusable.
+    fn free(&mut self, slot: SegmentSlot) {
+        debug_assert!(self.get(slot).is_none());
+        self.free.push(slot.0);
+    }
+}
+
+/// What the log holds (`Log::usage`).
+#[derive(Debug, Default)]
+pub(crate) struct LogUsage {
+    pub segments: u64,
+    pub buckets: u64,
+    /// Disk space reserved by segment files.
+    pub disk_bytes: u64,
+    /// Bytes of records.
+    pub log_bytes: u64,
+    /// The earliest bucket deadline of any segment (`u64::MAX` with none).
+    pub oldest_deadline_ms: u64,
 }
 
 /// What `Log::append` did.
@@ -98,78 +121,13 @@ pub(crate) enum AppendOutcome {
     Retired,
 }
 
-/// Slots per chunk of the segment directory.
-const DIRECTORY_CHUNK: usize = 1024;
-
-/// A lock-free view of the segment table's slots, for reads through an index entry:
-/// the hot path then touches no shared lock word (the table's `RwLock` is a cache
-/// line every reader writes). Chunks are allocated on first use and live as long as
-/// the log.
-///
-/// A slot holds `Arc::as_ptr` of the segment the table owns, set when the segment is
-/// inserted and cleared before the table drops it.
-struct Directory {
-    chunks: Box<[OnceLock<DirectoryChunk>]>,
-}
-
-/// `DIRECTORY_CHUNK` slots.
-type DirectoryChunk = Box<[AtomicPtr<Segment>]>;
-
-impl Directory {
-    fn new() -> Directory {
-        Directory {
-            chunks: (0..SEGMENT_SLOTS_MAX.div_ceil(DIRECTORY_CHUNK))
-                .map(|_| OnceLock::new())
-                .collect(),
-        }
-    }
-
-    fn slot(&self, slot: SegmentSlot) -> &AtomicPtr<Segment> {
-        let slot = slot.0 as usize;
-        &self.chunks[slot / DIRECTORY_CHUNK].get_or_init(|| {
-            (0..DIRECTORY_CHUNK)
-                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                .collect()
-        })[slot % DIRECTORY_CHUNK]
-    }
-
-    fn set(&self, segment: &Arc<Segment>) {
-        self.slot(segment.slot)
-            .store(Arc::as_ptr(segment).cast_mut(), Ordering::Release);
-    }
-
-    fn clear(&self, slot: SegmentSlot) {
-        self.slot(slot)
-            .store(std::ptr::null_mut(), Ordering::Release);
-    }
-
-    /// Calls `f` with the segment in `slot`, if any.
-    ///
-    /// The caller must hold (or own, during recovery) the index shard whose entry
-    /// names `slot`. That makes the dereference sound: a segment leaves the table
-    /// only in `Log::delete_segment`, which the reaper calls after it removed every
-    /// entry pointing into the segment, each under its shard's lock. While the
-    /// caller's shard still holds an entry naming `slot`, that has not happened, so
-    /// the table's `Arc` keeps the segment alive for the whole call.
-    fn with<R>(&self, slot: SegmentSlot, f: impl FnOnce(&Segment) -> R) -> Option<R> {
-        let chunk = self.chunks.get(slot.0 as usize / DIRECTORY_CHUNK)?.get()?;
-        let pointer = chunk[slot.0 as usize % DIRECTORY_CHUNK].load(Ordering::Acquire);
-        if pointer.is_null() {
-            return None;
-        }
-        // SAFETY: non-null pointers in the directory come from `Arc::as_ptr` of a
-        // segment the table holds, and stay valid while it does (see above).
-        Some(f(unsafe { &*pointer }))
-    }
-}
-
 /// A stripe's cached active segment and its bucket deadline.
 type ActiveSegment = Option<(u64, Arc<Segment>)>;
 
 pub(crate) struct Log {
     pub dir: PathBuf,
     vfs: Arc<dyn Vfs>,
-    segment_capacity: u64,
+    segment_size_bytes: u64,
     bucket_width_ms: u64,
     /// Active segments per bucket (at most the number of shards).
     stripes: usize,
@@ -186,8 +144,8 @@ pub(crate) struct Log {
     dirty: Mutex<Vec<Arc<Segment>>>,
     /// A file was created or removed since the last directory sync.
     dir_dirty: AtomicBool,
-    /// A write or sync failed: refuse all writes.
-    poisoned: AtomicBool,
+    /// The store's sticky failure: set by a failed sync, refuses all writes.
+    poison: Arc<Poison>,
     /// The store closed: every segment is sealed and no new one may be opened.
     closed: AtomicBool,
 }
@@ -196,7 +154,8 @@ impl Log {
     pub(crate) fn new(
         dir: PathBuf,
         vfs: Arc<dyn Vfs>,
-        segment_capacity: u64,
+        poison: Arc<Poison>,
+        segment_size_bytes: u64,
         bucket_width_ms: u64,
         stripes: usize,
         next_seq: u64,
@@ -205,7 +164,7 @@ impl Log {
         Log {
             dir,
             vfs,
-            segment_capacity,
+            segment_size_bytes,
             bucket_width_ms,
             stripes,
             stripe_cache: (0..stripes)
@@ -217,29 +176,9 @@ impl Log {
             retired_through_ms: AtomicU64::new(0),
             dirty: Mutex::new(Vec::new()),
             dir_dirty: AtomicBool::new(false),
-            poisoned: AtomicBool::new(false),
+            poison,
             closed: AtomicBool::new(false),
         }
-    }
-
-    /// The bucket deadline of a record written at `now_ms` that must be remembered
-    /// until at least `until_ms`: `until_ms` rounded up to `deadline_rounding_ms`.
-    pub(crate) fn bucket_deadline(&self, now_ms: u64, until_ms: u64) -> u64 {
-        let rounding = deadline_rounding_ms(self.bucket_width_ms, until_ms.saturating_sub(now_ms));
-        let deadline = until_ms.div_ceil(rounding).saturating_mul(rounding);
-        #[cfg(feature = "planted-bugs")]
-        if crate::testing::planted("early-expiry") {
-            return deadline - rounding;
-        }
-        deadline
-    }
-
-    pub(crate) fn is_poisoned(&self) -> bool {
-        self.poisoned.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn poison(&self) {
-        self.poisoned.store(true, Ordering::Release);
     }
 
     /// Registers a segment recovered at open; returns its slot.
@@ -280,11 +219,9 @@ impl Log {
         &self,
         deadline_ms: u64,
         now_ms: u64,
-        record: &Record<'_>,
+        record: &StoredRecord<'_>,
     ) -> Result<AppendOutcome, Error> {
-        if self.is_poisoned() {
-            return Err(Error::Poisoned);
-        }
+        self.poison.check()?;
         let stripe = thread_stripe(self.stripes);
         let mut cache = self.stripe_cache[stripe].lock();
         let cache = &mut *cache;
@@ -326,7 +263,7 @@ impl Log {
     fn append_to(
         &self,
         segment: &Arc<Segment>,
-        record: &Record<'_>,
+        record: &StoredRecord<'_>,
     ) -> Result<Option<Location>, Error> {
         match segment.append(record) {
             Ok(Appended::At {
@@ -377,7 +314,7 @@ impl Log {
         let (seq, path, file) = loop {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let path = self.dir.join(segment_header::file_name(deadline_ms, seq));
-            match self.vfs.create_segment(&path, self.segment_capacity) {
+            match self.vfs.create_segment(&path, self.segment_size_bytes) {
                 Ok(file) => break (seq, path, file),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && taken < 64 => {
                     taken += 1;
@@ -415,12 +352,15 @@ impl Log {
         Ok(())
     }
 
-    /// Calls `f` with the verified record at `location`, which an index entry names:
-    /// the caller holds (or, in recovery, owns) that entry's shard.
+    /// Calls `f` with the verified record at `location`, which an index entry names.
+    /// `_held` is the caller's locked shard: the proof, checked by the borrow, that
+    /// this read finishes before any segment it could name is freed (a segment is
+    /// freed only after `Index::drain_readers` took every shard lock).
     pub(crate) fn with_record<R>(
         &self,
+        _held: &Shard,
         location: Location,
-        f: impl FnOnce(&Segment, Record<'_>) -> R,
+        f: impl FnOnce(&Segment, StoredRecord<'_>) -> R,
     ) -> Result<R, Error> {
         let read = |segment: &Segment| match segment.read(location.offset) {
             Ok(record) => Ok(f(segment, record)),
@@ -430,7 +370,13 @@ impl Log {
                 reason,
             )),
         };
-        self.directory.with(location.slot, read).unwrap_or_else(|| {
+        // SAFETY: `_held` borrows a `Shard`, reachable only through its mutex guard
+        // (or, in recovery, the same guard), so a shard lock is held for this whole
+        // call; segments leave the directory only through `unpublish` +
+        // `delete_segments`, which requires `ReadersDrained`, made after every shard
+        // lock was taken once following the slot's clearing.
+        let found = unsafe { self.directory.with(location.slot, read) };
+        found.unwrap_or_else(|| {
             Err(Error::corruption(
                 &self.dir,
                 u64::from(location.offset),
@@ -489,24 +435,50 @@ impl Log {
         segments
     }
 
-    /// Drops a retired segment whose records are no longer indexed, and deletes its file.
-    pub(crate) fn delete_segment(&self, segment: &Segment) -> Result<(), Error> {
-        {
-            let mut table = self.table.write();
-            self.directory.clear(segment.slot);
-            table.remove(segment.slot);
+    /// Takes a retired segment out of the directory and the segment table: no new
+    /// read can find it. The returned handle keeps its memory and its slot until
+    /// `delete_segments`.
+    pub(crate) fn unpublish(&self, segment: &Segment) -> Unpublished {
+        let mut table = self.table.write();
+        self.directory.clear(segment.slot);
+        Unpublished(table.take(segment.slot))
+    }
+
+    /// Deletes unpublished segments: calls `drain` (the index's grace period, which
+    /// alone can make its proof) once they are all out of the directory, then frees
+    /// their slots, deletes their files and lets their memory go. Returns what `drain`
+    /// returned and the first deletion error; every segment is released either way.
+    pub(crate) fn delete_segments(
+        &self,
+        segments: Vec<Unpublished>,
+        drain: impl FnOnce() -> Drained,
+    ) -> (Drained, Result<(), Error>) {
+        let drained = drain();
+        let mut result = Ok(());
+        for mut unpublished in segments {
+            let Some(segment) = unpublished.0.take() else {
+                continue;
+            };
+            self.table.write().free(segment.slot);
+            tracing::debug!(
+                seq = segment.seq,
+                deadline_ms = segment.deadline_ms,
+                "deleting expired segment"
+            );
+            self.dir_dirty.store(true, Ordering::SeqCst);
+            match self.vfs.remove(&segment.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(Error::io("deleting expired segment", &segment.path, e));
+                    }
+                }
+            }
+            // Readers are drained (`drained.proof`): this handle may be the last.
+            release(segment, &drained.proof);
         }
-        tracing::debug!(
-            seq = segment.seq,
-            deadline_ms = segment.deadline_ms,
-            "deleting expired segment"
-        );
-        self.dir_dirty.store(true, Ordering::SeqCst);
-        match self.vfs.remove(&segment.path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io("deleting expired segment", &segment.path, e)),
-        }
+        (drained, result)
     }
 
     /// Seals every segment and trims the unused preallocated tails (at close).
@@ -525,6 +497,23 @@ impl Log {
             }
         }
         Ok(())
+    }
+
+    /// What the log holds now, for `Stats`.
+    pub(crate) fn usage(&self) -> LogUsage {
+        let table = self.table.read();
+        let mut usage = LogUsage {
+            buckets: table.buckets.len() as u64,
+            oldest_deadline_ms: u64::MAX,
+            ..LogUsage::default()
+        };
+        for segment in table.segments() {
+            usage.segments += 1;
+            usage.disk_bytes += segment.allocated();
+            usage.log_bytes += segment.published();
+            usage.oldest_deadline_ms = usage.oldest_deadline_ms.min(segment.deadline_ms);
+        }
+        usage
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -547,15 +536,27 @@ impl Log {
     }
 }
 
-/// The step deadlines are rounded up to, for a record that must be remembered for
-/// `span_ms` more: the bucket width, or for long spans the largest multiple of it
-/// that is at most `span_ms / 1024`. A deadline is then at most
-/// `max(bucket_width, span / 1024)` late, and the deadlines of records written with
-/// one span over any stretch of time fall in at most ~2,048 buckets per span
-/// (a 400-day ttl and 1-minute buckets: 2.3 buckets a day, not 1,440).
-pub(crate) fn deadline_rounding_ms(bucket_width_ms: u64, span_ms: u64) -> u64 {
-    const SPAN_PER_ROUNDING: u64 = 1024;
-    bucket_width_ms * (span_ms / SPAN_PER_ROUNDING / bucket_width_ms).max(1)
+/// A segment taken out of the directory by `Log::unpublish`. A read that loaded its
+/// pointer before may still be using it, so its memory must stay until the readers
+/// are drained: only `Log::delete_segments` releases it. Dropped any other way (an
+/// unwinding panic), it leaks the segment rather than free memory a reader may hold.
+pub(crate) struct Unpublished(Option<Arc<Segment>>);
+
+impl Drop for Unpublished {
+    fn drop(&mut self) {
+        if let Some(segment) = self.0.take() {
+            tracing::error!(
+                file = %segment.path.display(),
+                "an unpublished segment was dropped before readers were drained: leaked"
+            );
+            std::mem::forget(segment);
+        }
+    }
+}
+
+/// Drops a segment handle once readers are drained.
+fn release(segment: Arc<Segment>, _drained: &ReadersDrained) {
+    drop(segment);
 }
 
 /// The log stripe the calling thread appends to. Threads are numbered in the order

@@ -1,7 +1,7 @@
 //! Reading a segment's records back: the scan shared by recovery, the reaper and
 //! `verify`. Pure over bytes; never panics, whatever they hold.
 
-use crate::format::record::{self, KIND_CLAIM, KIND_MARK, KIND_TOMBSTONE, Record};
+use crate::format::record::{self, KIND_CLAIM, KIND_MARK, KIND_TOMBSTONE, StoredRecord};
 
 /// What a scan found besides the records.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub(crate) struct ScanReport {
 pub(crate) fn scan<'a>(
     bytes: &'a [u8],
     start: usize,
-    mut each: impl FnMut(usize, Record<'a>),
+    mut each: impl FnMut(usize, StoredRecord<'a>),
 ) -> ScanReport {
     let mut report = ScanReport {
         valid_end: start.min(bytes.len()),
@@ -79,10 +79,10 @@ mod tests {
     use crate::format::record::{ClaimFields, State};
 
     fn mark(lsn: u64, id: &[u8]) -> Vec<u8> {
-        Record {
-            state: State::Mark,
+        StoredRecord {
+            state: State::Seen,
             namespace_id: 0,
-            lsn,
+            lsn: crate::addr::Lsn(lsn),
             first_seen_ms: 1,
             id,
             claim: ClaimFields::default(),
@@ -93,7 +93,7 @@ mod tests {
 
     fn lsns(bytes: &[u8]) -> (Vec<u64>, ScanReport) {
         let mut seen = Vec::new();
-        let report = scan(bytes, 0, |_, r| seen.push(r.lsn));
+        let report = scan(bytes, 0, |_, r| seen.push(r.lsn.0));
         (seen, report)
     }
 

@@ -7,20 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::format::record::{self, Record};
+use crate::addr::SegmentSlot;
+use crate::format::record::{self, StoredRecord};
 use crate::format::segment_header;
 use crate::io::SegmentFile;
-
-/// Index of a segment in the segment table (what index entries store).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct SegmentSlot(pub u32);
-
-/// Where a record lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Location {
-    pub slot: SegmentSlot,
-    pub offset: u32,
-}
 
 /// How far ahead of the appends pages are mapped writable: a fault-in of 32 pages
 /// every 128 KiB of appends, outside the append lock. Small, because a write fault on
@@ -174,7 +164,7 @@ impl Segment {
     /// reserved room left reserves under the lock, or waits for the extension running.
     /// Likewise the appender that comes within half a write window of the pages mapped
     /// writable maps the next window, after releasing the lock.
-    pub(crate) fn append(&self, record: &Record<'_>) -> io::Result<Appended> {
+    pub(crate) fn append(&self, record: &StoredRecord<'_>) -> io::Result<Appended> {
         let len = record.encoded_len() as u64;
         let mut state = self.append.lock();
         let (offset, end) = loop {
@@ -313,7 +303,7 @@ impl Segment {
     }
 
     /// The verified record at `offset`; an error if it fails its checksum.
-    pub(crate) fn read(&self, offset: u32) -> Result<Record<'_>, &'static str> {
+    pub(crate) fn read(&self, offset: u32) -> Result<StoredRecord<'_>, &'static str> {
         let published = self.published();
         let offset = u64::from(offset);
         if offset + record::HEADER_LEN as u64 > published {

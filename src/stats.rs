@@ -1,0 +1,68 @@
+//! [`Stats`]: a snapshot of the store's counters. Plain data; `Store::stats`
+//! gathers it from the rooms that keep each figure.
+
+use std::time::Duration;
+
+use crate::operations::OperationStats;
+
+/// A snapshot of the store's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Keys remembered (any status; removed keys excluded).
+    pub live_keys: u64,
+    /// Keys marked by `check_and_set`.
+    pub seen: u64,
+    /// Keys held by a claim (including claims whose lease ran out).
+    pub in_progress: u64,
+    /// Keys released by their last claim.
+    pub released: u64,
+    /// Keys completed.
+    pub completed: u64,
+    /// Keys failed for good.
+    pub failed: u64,
+    /// Removed keys whose tombstone is still indexed (until its bucket expires).
+    pub tombstones: u64,
+    /// Namespaces defined.
+    pub namespaces: u64,
+    /// Memory held by the index tables, in bytes.
+    pub index_bytes: u64,
+    /// Disk space reserved by segment files, in bytes.
+    pub disk_bytes: u64,
+    /// Bytes of records in the log.
+    pub log_bytes: u64,
+    /// Segment files.
+    pub segments: u64,
+    /// Expiry buckets with at least one segment.
+    pub buckets: u64,
+    /// Damaged records skipped at open (each logged at error level).
+    pub corrupt_records_skipped: u64,
+    /// Torn tails cut at open (normal after a crash).
+    pub torn_tails_cut: u64,
+    /// Files in the directory that are not idemstore's (left alone).
+    pub foreign_files: u64,
+    /// Records replayed at open.
+    pub records_replayed: u64,
+    /// Claims in progress found at open, released because the process that held them
+    /// is gone (the directory lock proves it); their attempt counts stay.
+    pub claims_released_at_open: u64,
+    /// How long the last open's recovery took.
+    pub recovery_time: Duration,
+    /// The last open rebuilt the index from the checkpoint a clean close wrote,
+    /// without replaying the log (`records_replayed` is then 0).
+    pub opened_from_checkpoint: bool,
+    /// Buckets expired and deleted since open.
+    pub expired_buckets: u64,
+    /// Keys forgotten by expiry since open.
+    pub expired_keys: u64,
+    /// Completed sync rounds (group commits) since open.
+    pub sync_rounds: u64,
+    /// Operations that waited for a sync since open.
+    pub durable_waits: u64,
+    /// Per-operation counts and sampled latencies since open.
+    pub operations: OperationStats,
+    /// How far behind the reaper is: now minus the oldest bucket deadline that has
+    /// passed but whose files are not deleted yet; zero when it is caught up. (Keys of
+    /// such a bucket are already treated as forgotten; only their space is held.)
+    pub expiry_lag: Duration,
+}

@@ -1,0 +1,66 @@
+//! Closing a store: stop the background threads, make everything durable, seal and
+//! trim the segments, write the index checkpoint the next open rebuilds from, and
+//! release the directory.
+
+use std::sync::atomic::Ordering;
+
+use super::Inner;
+use crate::error::Error;
+use crate::options::Durability;
+
+impl Inner {
+    pub(super) fn close(&self) -> Result<(), Error> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.expiry.stop();
+        self.committer.stop();
+        let current = std::thread::current().id();
+        for thread in self.threads.lock().drain(..) {
+            if thread.thread().id() != current {
+                let _ = thread.join();
+            }
+        }
+        let result = if self.options.read_only {
+            // Nothing was written: nothing to sync, seal or checkpoint.
+            Ok(())
+        } else if let Some(poisoned) = self.poison.error() {
+            Err(poisoned)
+        } else if self.options.durability == Durability::None {
+            self.log.seal_all()
+        } else {
+            self.log.sync().and_then(|()| self.log.seal_all())
+        };
+        let result = result.and_then(|()| {
+            if self.options.read_only {
+                Ok(())
+            } else {
+                self.write_checkpoint()
+            }
+        });
+        self.lock.lock().take();
+        result
+    }
+
+    /// At a clean close, after every segment is sealed, trimmed and synced: the index
+    /// checkpoint the next open rebuilds from (`crate::checkpoint`). Not written when
+    /// this open skipped damaged data, so that the next open reports it again.
+    fn write_checkpoint(&self) -> Result<(), Error> {
+        if self.recovery.corrupt_records_skipped > 0 {
+            tracing::info!(
+                corrupt = self.recovery.corrupt_records_skipped,
+                "not writing an index checkpoint: damaged data was skipped at open"
+            );
+            return Ok(());
+        }
+        // No reaping (`expire_now` on another thread) while the segments are listed.
+        let _reaping = self.expiry.pause();
+        crate::checkpoint::write(
+            &self.log,
+            &self.index,
+            self.log.vfs(),
+            self.namespaces.count(),
+            self.options.durability != Durability::None,
+        )
+    }
+}

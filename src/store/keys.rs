@@ -1,0 +1,342 @@
+//! The operations on one key, as `Namespace` and `Claim` call them: the narrow
+//! interface between the public face (`crate::namespace`) and the engine. Each
+//! validates its input, states its request to `lifecycle`, runs it through the
+//! mutation skeleton (`mutation::apply`) and turns the result into its answer.
+
+use std::time::Duration;
+
+use super::Inner;
+use super::mutation::{Applied, Pending};
+use crate::addr::Lsn;
+use crate::answer::{Imported, Outcome, Record, Seen, Status};
+use crate::clock::{UnixMs, duration_ms_ceil};
+use crate::error::Error;
+use crate::expiry::deadline::rounding_ms;
+use crate::format::record::ClaimFields;
+use crate::index::KeyHash;
+use crate::lifecycle::{self, Kept, Request, Resolution};
+use crate::namespace::{Begin, Claim, Namespace, Policy};
+use crate::options::limits;
+
+/// What a claim's own operation changed: the lease (for extend) and the lsn of the
+/// record it wrote, which identifies the acquisition from then on.
+pub(crate) struct Resolved {
+    pub lease_until: UnixMs,
+    pub lsn: Lsn,
+}
+
+impl Inner {
+    fn validate_id(&self, id: &[u8]) -> Result<(), Error> {
+        if id.is_empty() || id.len() > self.options.max_key_len {
+            return Err(Error::invalid_key(format!(
+                "id is {} bytes; it must be 1 to {} bytes (max_key_len)",
+                id.len(),
+                self.options.max_key_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// A ttl or lease: 1 s to max_ttl.
+    fn validate_duration(&self, duration: Duration) -> Result<(), Error> {
+        let ms = duration_ms_ceil(duration);
+        if ms < limits::TTL_MS_MIN || ms > self.options.max_ttl_ms {
+            return Err(Error::InvalidTtl {
+                ttl: duration,
+                max: Duration::from_millis(self.options.max_ttl_ms),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn validate_policy(&self, policy: &Policy) -> Result<(), Error> {
+        self.validate_duration(policy.ttl)?;
+        // A lease has the same bounds as a ttl: 1 s to max_ttl.
+        self.validate_duration(policy.lease)?;
+        if policy.max_attempts == 0 {
+            return Err(Error::invalid_option(
+                "max_attempts = 0: it must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Open, writable, and `id` in bounds.
+    fn check_write(&self, id: &[u8]) -> Result<(), Error> {
+        self.check_writable()?;
+        self.validate_id(id)
+    }
+
+    fn check_and_set_pending(
+        &self,
+        namespace: &Namespace,
+        id: &[u8],
+    ) -> Result<Pending<Outcome>, Error> {
+        let request = Request::CheckAndSet {
+            ttl_ms: namespace.policy.ttl_ms(),
+        };
+        let pending = self.apply(namespace.id, id, &request)?;
+        let outcome = match pending.value {
+            Applied::Written { .. } => Outcome::First,
+            Applied::Kept {
+                current: Some(c), ..
+            } => Outcome::Duplicate(Seen {
+                first_seen: c.first_seen,
+                expires_at: c.deadline,
+            }),
+            Applied::Kept { kept, .. } => unreachable!("check_and_set kept {kept:?}"),
+        };
+        Ok(Pending {
+            value: outcome,
+            wait: pending.wait,
+        })
+    }
+
+    pub(crate) fn check_and_set(&self, namespace: &Namespace, id: &[u8]) -> Result<Outcome, Error> {
+        self.check_write(id)?;
+        let pending = self.check_and_set_pending(namespace, id)?;
+        self.settle(pending)
+    }
+
+    pub(crate) fn check_and_set_many<I: AsRef<[u8]>>(
+        &self,
+        namespace: &Namespace,
+        ids: &[I],
+    ) -> Result<Vec<Outcome>, Error> {
+        self.check_writable()?;
+        if ids.len() > limits::BATCH_LEN_MAX {
+            return Err(Error::invalid_option(format!(
+                "a batch of {} ids; split it into batches of at most {}",
+                ids.len(),
+                limits::BATCH_LEN_MAX
+            )));
+        }
+        for id in ids {
+            self.validate_id(id.as_ref())?;
+        }
+        let mut outcomes = Pending {
+            value: Vec::with_capacity(ids.len()),
+            wait: false,
+        };
+        for id in ids {
+            match self.check_and_set_pending(namespace, id.as_ref()) {
+                Ok(pending) => {
+                    outcomes.wait |= pending.wait;
+                    outcomes.value.push(pending.value);
+                }
+                // Nothing of the batch was applied: a plain error, safe to retry whole.
+                Err(e) if outcomes.value.is_empty() => return Err(e),
+                // Part of the batch was applied: the caller must learn which ids were
+                // answered `First`, or a retry of the whole batch would get `Duplicate`
+                // for them and nobody would process those messages.
+                Err(e) => {
+                    let outcomes = self.settle(outcomes)?;
+                    return Err(Error::PartialBatch {
+                        outcomes,
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+        self.settle(outcomes)
+    }
+
+    pub(crate) fn begin(
+        &self,
+        namespace: &Namespace,
+        id: &[u8],
+        payload_fp: Option<u64>,
+    ) -> Result<Begin, Error> {
+        self.check_write(id)?;
+        let policy = namespace.policy;
+        let request = Request::Begin {
+            ttl_ms: policy.ttl_ms(),
+            lease_ms: policy.lease_ms(),
+            max_attempts: policy.max_attempts,
+            payload_fp,
+        };
+        let pending = self.apply(namespace.id, id, &request)?;
+        let answer = match pending.value {
+            Applied::Written { lsn, claim } => Begin::Acquired(Claim {
+                namespace: namespace.clone(),
+                id: id.to_vec(),
+                attempt: claim.attempts,
+                lsn,
+                lease_until: UnixMs(claim.lease_until_ms),
+                resolved: false,
+            }),
+            Applied::Kept {
+                kept: Kept::PayloadMismatch,
+                ..
+            } => return Err(Error::PayloadMismatch),
+            Applied::Kept {
+                kept,
+                record: Some(record),
+                ..
+            } => match kept {
+                Kept::InProgress => Begin::InProgress(record),
+                Kept::Completed => Begin::Completed(record),
+                Kept::Exhausted => Begin::Exhausted(record),
+                other => unreachable!("begin kept {other:?}"),
+            },
+            Applied::Kept { kept, .. } => unreachable!("begin kept {kept:?} with no record"),
+        };
+        // On a failed wait an acquired claim drops here and is released (best effort).
+        self.settle(Pending {
+            value: answer,
+            wait: pending.wait,
+        })
+    }
+
+    /// Completes, releases, fails or extends the claim `attempt` on `id` whose last
+    /// record has `lsn`.
+    pub(crate) fn resolve(
+        &self,
+        namespace: &Namespace,
+        id: &[u8],
+        attempt: u32,
+        lsn: Lsn,
+        how: Resolution<'_>,
+    ) -> Result<Resolved, Error> {
+        self.check_writable()?;
+        if let Resolution::Complete(Some(result)) = how
+            && result.len() > self.options.max_result_len
+        {
+            return Err(Error::ResultTooLarge {
+                len: result.len(),
+                max: self.options.max_result_len,
+            });
+        }
+        if let Resolution::Extend(lease_ms) = how {
+            self.validate_duration(Duration::from_millis(lease_ms))?;
+        }
+        let request = Request::Resolve {
+            attempt,
+            lsn,
+            ttl_ms: namespace.policy.ttl_ms(),
+            how,
+        };
+        let pending = self.apply(namespace.id, id, &request)?;
+        let resolved = match pending.value {
+            Applied::Written { lsn, claim } => Resolved {
+                lease_until: UnixMs(claim.lease_until_ms),
+                lsn,
+            },
+            Applied::Kept { .. } => return Err(Error::ClaimLost),
+        };
+        self.settle(Pending {
+            value: resolved,
+            wait: pending.wait,
+        })
+    }
+
+    pub(crate) fn get(&self, namespace: &Namespace, id: &[u8]) -> Result<Option<Record>, Error> {
+        self.check_open()?;
+        self.validate_id(id)?;
+        let hash = KeyHash::of(namespace.id, id);
+        let now = self.time.now();
+        let shard = self.index.lock(hash);
+        match self.find(&shard, hash, namespace.id, id)? {
+            Some(found) if found.current.is_live(now) => {
+                self.public_record(&shard, &found).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    pub(crate) fn remove(&self, namespace: &Namespace, id: &[u8]) -> Result<bool, Error> {
+        self.check_write(id)?;
+        let pending = self.apply(namespace.id, id, &Request::Remove)?;
+        let removed = matches!(pending.value, Applied::Written { .. });
+        self.settle(Pending {
+            value: removed,
+            wait: pending.wait,
+        })
+    }
+
+    pub(crate) fn import(
+        &self,
+        namespace: &Namespace,
+        id: &[u8],
+        imported: &Record,
+    ) -> Result<Imported, Error> {
+        self.check_write(id)?;
+        let state = lifecycle::state_of(imported.status);
+        let claim = match imported.status {
+            Status::Seen => ClaimFields::default(),
+            Status::InProgress => {
+                let Some(lease_until) = imported.lease_until else {
+                    return Err(Error::invalid_option(
+                        "an in-progress record needs lease_until; export it again or set one",
+                    ));
+                };
+                ClaimFields {
+                    attempts: imported.attempts,
+                    lease_until_ms: lease_until.0,
+                    completed_ms: 0,
+                    payload_fp: None,
+                }
+            }
+            Status::Released | Status::Completed | Status::Failed => ClaimFields {
+                attempts: imported.attempts,
+                lease_until_ms: 0,
+                completed_ms: match imported.status {
+                    Status::Completed => imported.completed_at.map_or(0, |t| t.0),
+                    _ => 0,
+                },
+                payload_fp: None,
+            },
+        };
+        let result = imported.result.as_deref();
+        if let Some(result) = result {
+            if imported.status != Status::Completed {
+                return Err(Error::invalid_option(format!(
+                    "a {} record carries a result; only completed records may",
+                    imported.status.as_str()
+                )));
+            }
+            if result.len() > self.options.max_result_len {
+                return Err(Error::ResultTooLarge {
+                    len: result.len(),
+                    max: self.options.max_result_len,
+                });
+            }
+        }
+        // At most what a record with the longest ttl may be remembered until.
+        let max_ttl_ms = self.options.max_ttl_ms;
+        let request = Request::Import {
+            state,
+            first_seen: imported.first_seen,
+            claim,
+            result,
+            expires_at: imported.expires_at,
+            // A claim's records live in a bucket at least as late as its lease.
+            until: UnixMs(imported.expires_at.0.max(claim.lease_until_ms)),
+            span_max_ms: max_ttl_ms
+                .saturating_add(rounding_ms(self.options.bucket_width_ms, max_ttl_ms)),
+        };
+        let pending = self.apply(namespace.id, id, &request)?;
+        let answer = match pending.value {
+            Applied::Written { .. } => Imported::Written,
+            Applied::Kept {
+                kept: Kept::AlreadyLive,
+                ..
+            } => Imported::AlreadyLive,
+            Applied::Kept {
+                kept: Kept::Expired,
+                ..
+            } => Imported::Expired,
+            Applied::Kept { .. } => {
+                let now = self.time.now();
+                return Err(Error::InvalidTtl {
+                    ttl: Duration::from_millis(imported.expires_at.0.saturating_sub(now.0)),
+                    max: Duration::from_millis(max_ttl_ms),
+                });
+            }
+        };
+        self.settle(Pending {
+            value: answer,
+            wait: pending.wait,
+        })
+    }
+}
