@@ -1,4 +1,4 @@
-//! Misuse of the clock around the store (issue 3, test 7): a wall clock that jumps
+//! Misuse of the clock around the store (docs/RELIABILITY.md §7): a wall clock that jumps
 //! backwards or forwards.
 //!
 //! The store's time is a high-water mark of the clock (restored at open from the

@@ -1,4 +1,4 @@
-//! Misuse of the machine around the store (issue 3, test 7): a disk that fills up.
+//! Misuse of the machine around the store (docs/RELIABILITY.md §7): a disk that fills up.
 //!
 //! The store lives on a 2 MiB tmpfs mounted by the test (CI runs as root; if mounting
 //! is not permitted the test says so loudly and returns). A filler file takes part of

@@ -1,4 +1,4 @@
-//! Guards the whole operation contract of docs/CONTRACT.md §1–2 against a reference model.
+//! Guards the operation contract of docs/CONTRACT.md §1–2 against a reference model.
 //!
 //! Proptest generates random sequences of every public operation — `check_and_set`,
 //! `check_and_set_many`, `begin`/`begin_with_payload` followed by `complete`,
