@@ -3,13 +3,14 @@
 //! Proptest generates random sequences of every public operation — `check_and_set`,
 //! `check_and_set_many`, `begin`/`begin_with_payload` followed by `complete`,
 //! `release`, `fail`, `extend` or a plain drop of the claim, `get`, `remove`, the
-//! per-call ttl override, manual clock moves (small steps, whole bucket widths, jumps
-//! past every ttl, and jumps backwards), `expire_now`, and close + reopen — and
+//! per-call ttl override (including a 6 h ttl and lease, whose deadlines round to two
+//! bucket widths), manual clock moves (small steps, whole bucket widths, jumps past
+//! every ttl, and jumps backwards), `expire_now`, and close + reopen — and
 //! replays each sequence against the store and against the plain map of
 //! `idemstore::testing::model`, which encodes the documented semantics (the fuzz
 //! target `model_ops` replays byte-decoded sequences through the same model). Every
 //! answer is compared step by step, including exact `first_seen` / `expires_at`
-//! values: bucket deadlines are deterministic (§1), so the model computes them. Claims
+//! values: bucket deadlines are deterministic (§1.3), so the model computes them. Claims
 //! still held at a reopen are abandoned as if their worker crashed: the open releases
 //! them (their process is gone), keeping their attempts.
 
@@ -43,7 +44,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (0..4usize).prop_map(|claim| Op::DropClaim { claim }),
         2 => (ns.clone(), key.clone()).prop_map(|(ns, key)| Op::Get { ns, key }),
         1 => (ns, key).prop_map(|(ns, key)| Op::Remove { ns, key }),
-        4 => prop_oneof![1u64..2_500, Just(model::WIDTH_MS), Just(5_000u64), Just(31_000u64), Just(3 * model::WIDTH_MS + 1)]
+        4 => prop_oneof![1u64..2_500, Just(model::WIDTH_MS), Just(5_000u64), Just(31_000u64), Just(3 * model::WIDTH_MS + 1), Just(model::PAST_LONG_MS)]
             .prop_map(|ms| Op::Advance { ms }),
         1 => (1u64..20_000).prop_map(|ms| Op::ClockBack { ms }),
         1 => Just(Op::ExpireNow),

@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use idemstore::Durability;
 use idemstore::testing::model::{
-    EXTEND_MS, KEYS, MAX_RESULT_LEN, NAMESPACES, Op, Replay, TTL_OVERRIDES_MS, WIDTH_MS,
+    EXTEND_MS, KEYS, MAX_RESULT_LEN, NAMESPACES, Op, PAST_LONG_MS, Replay, TTL_OVERRIDES_MS,
+    WIDTH_MS,
 };
 
 const OPS_MAX: usize = 256;
-const ADVANCE_MS: [u64; 4] = [WIDTH_MS, 5_000, 31_000, 3 * WIDTH_MS + 1];
+const ADVANCE_MS: [u64; 5] = [WIDTH_MS, 5_000, 31_000, 3 * WIDTH_MS + 1, PAST_LONG_MS];
 
 /// Reads argument bytes; missing bytes are zero.
 struct Bytes<'a>(&'a [u8]);

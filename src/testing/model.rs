@@ -30,10 +30,17 @@ pub const KEYS: usize = 4;
 /// Namespace policies: (name, ttl ms, lease ms, max attempts).
 pub const NAMESPACES: [(&str, u64, u64, u32); 2] =
     [("orders", 30_000, 5_000, 2), ("mails", 12_000, 3_000, 3)];
-/// Per-call ttl overrides.
-pub const TTL_OVERRIDES_MS: [u64; 3] = [1_000, 7_000, 25_000];
-/// Leases passed to `Claim::extend`.
-pub const EXTEND_MS: [u64; 3] = [1_000, 4_000, 20_000];
+/// Per-call ttl overrides. The last is long enough (over 2 × 1024 bucket widths) that
+/// its deadlines round to a step of two widths (§1.3).
+pub const TTL_OVERRIDES_MS: [u64; 4] = [1_000, 7_000, 25_000, LONG_MS];
+/// Leases passed to `Claim::extend`; the last rounds like the long ttl.
+pub const EXTEND_MS: [u64; 4] = [1_000, 4_000, 20_000, LONG_MS];
+/// A span of 6 h: with 10 s buckets its deadlines are rounded to 20 s.
+pub const LONG_MS: u64 = 6 * 3600 * 1000;
+/// A clock jump past every ttl and lease, the long ones included.
+pub const PAST_LONG_MS: u64 = LONG_MS + 3 * WIDTH_MS;
+
+const _: () = assert!(LONG_MS / (1024 * WIDTH_MS) == 2);
 
 /// One namespace's policy, as the model sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,10 +208,14 @@ impl Model {
         self.now_ms = self.now_ms.max(clock_ms);
     }
 
-    /// The bucket deadline of a record that must be remembered until `until_ms`
-    /// (`docs/CONTRACT.md` §1): `until_ms` rounded up to the bucket width.
+    /// The bucket deadline of a record written now that must be remembered until
+    /// `until_ms` (`docs/CONTRACT.md` §1.3): `until_ms` rounded up to a step `g` that
+    /// grows with the span, `g = W * max(1, span / (1024 * W))` for bucket width `W`.
     pub fn deadline(&self, until_ms: u64) -> u64 {
-        until_ms.div_ceil(self.bucket_width_ms) * self.bucket_width_ms
+        let width = self.bucket_width_ms;
+        let span = until_ms - self.now_ms;
+        let step = width * (span / (1024 * width)).max(1);
+        until_ms.div_ceil(step) * step
     }
 
     fn live(&self, ns: usize, key: usize) -> Option<&Entry> {
@@ -328,9 +339,8 @@ impl Model {
         }
         let now = self.now_ms;
         let complete_deadline = self.deadline(now + claim.ttl_ms);
-        let extend_deadline = |lease_ms: u64| self.deadline(now + lease_ms);
         let extend_deadline = match how {
-            How::Extend(lease_ms) => extend_deadline(lease_ms),
+            How::Extend(lease_ms) => self.deadline(now + lease_ms),
             _ => 0,
         };
         let Some(e) = self.entries.get_mut(&(claim.ns, claim.key)).filter(|e| {
