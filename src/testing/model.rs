@@ -66,6 +66,9 @@ struct Entry {
     payload: Option<u8>,
     /// Which acquisition holds the key (a claim is valid only for its own).
     token: u64,
+    /// Released by an open, not written since: the key's newest record is still the
+    /// dead claim's `InProgress` record, which every later open counts again.
+    released_at_open: bool,
 }
 
 impl Entry {
@@ -97,6 +100,8 @@ pub enum ErrKind {
     ResultTooLarge,
     /// `Error::InvalidTtl`.
     InvalidTtl,
+    /// `Error::Closed`.
+    Closed,
     /// Anything else (the model never predicts it).
     Other,
 }
@@ -109,6 +114,7 @@ impl ErrKind {
             Error::ClaimLost => ErrKind::ClaimLost,
             Error::ResultTooLarge { .. } => ErrKind::ResultTooLarge,
             Error::InvalidTtl { .. } => ErrKind::InvalidTtl,
+            Error::Closed => ErrKind::Closed,
             _ => ErrKind::Other,
         }
     }
@@ -167,6 +173,16 @@ pub enum How {
     Fail,
     /// `Claim::extend` by this lease.
     Extend(u64),
+}
+
+/// What an open released (`Model::reopen`), for `Stats::claims_released_at_open`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReleasedAtOpen {
+    /// Remembered keys whose claim was in progress at the close: this open released them.
+    pub claims: u64,
+    /// Remembered keys an earlier open released and nothing wrote since: their newest
+    /// record is still the dead claim's, so an open that replays the log finds it again.
+    pub earlier: u64,
 }
 
 /// The reference model: a map of (namespace index, key index) to the key's state.
@@ -247,6 +263,7 @@ impl Model {
             result: None,
             payload: None,
             token: 0,
+            released_at_open: false,
         };
         self.entries.insert((ns, key), entry);
         Outcome::First
@@ -296,6 +313,7 @@ impl Model {
                     completed_at: 0,
                     result: None,
                     payload: e.payload.or(payload),
+                    released_at_open: false,
                     ..e
                 }
             }
@@ -309,6 +327,7 @@ impl Model {
                 result: None,
                 payload,
                 token: 0,
+                released_at_open: false,
             },
         };
         self.next_token += 1;
@@ -382,13 +401,20 @@ impl Model {
     /// The store was closed and opened again: the claims in progress belonged to the
     /// process that held the store before, so the open releases them
     /// (`docs/CONTRACT.md` §3.6); their attempts stay.
-    pub fn reopen(&mut self) {
+    pub fn reopen(&mut self) -> ReleasedAtOpen {
+        let mut released = ReleasedAtOpen::default();
         for e in self.entries.values_mut() {
+            let live = u64::from(e.deadline > self.now_ms);
             if e.status == Status::InProgress {
                 e.status = Status::Released;
                 e.lease_until = 0;
+                e.released_at_open = true;
+                released.claims += live;
+            } else if e.released_at_open {
+                released.earlier += live;
             }
         }
+        released
     }
 
     /// Live keys per status: (seen, in progress, released, completed, failed), as
@@ -453,7 +479,7 @@ pub enum Op {
     /// `Store::expire_now`, then the counts of `stats()`.
     ExpireNow,
     /// `close`, then open again; claims still held are abandoned, as if their worker
-    /// died with the process.
+    /// died with the process: the open releases them, and their handles are lost.
     Reopen,
 }
 
@@ -710,18 +736,51 @@ impl<'a> Replay<'a> {
             }
             Op::Reopen => {
                 self.store.close().map_err(|e| format!("close: {e}"))?;
-                // Claims still held belong to a worker that died with the process:
-                // dropping them now cannot release anything (the store is closed).
-                self.held.clear();
+                // Claims still held belong to a worker that died with the process; the
+                // open releases them (§3.6).
+                let stale = std::mem::take(&mut self.held);
                 self.namespaces.clear();
                 self.clock.set(UnixMs(self.model.now_ms()));
-                self.model.reopen();
+                let released = self.model.reopen();
                 (self.store, self.namespaces) = open(self.dir, &self.clock, self.durability);
                 check_eq!(
                     step,
                     self.counts(),
                     self.model.counts(),
                     "stats after reopen"
+                );
+                // An open from the checkpoint of the clean close counts exactly the
+                // claims it released. An open that replays the log (the checkpoint no
+                // longer matched) also counts again the claims an earlier open released
+                // whose keys nothing wrote since: their newest record is still the dead
+                // claim's. Either way the keys' states are the same (checked above).
+                let stats = self.store.stats();
+                let counted = stats.claims_released_at_open;
+                if stats.opened_from_checkpoint {
+                    check_eq!(step, counted, released.claims, "claims released at open");
+                } else if !(released.claims..=released.claims + released.earlier).contains(&counted)
+                {
+                    return Err(format!(
+                        "step {step}: claims released at a replaying open: the store counted \
+                         {counted}, the model {released:?}"
+                    ));
+                }
+                // A handle kept across the reopen belongs to the closed store: it is
+                // lost and resolves nothing in the reopened one.
+                for held in stale {
+                    let got = held.claim.release().map_err(|e| ErrKind::of(&e));
+                    check_eq!(
+                        step,
+                        got,
+                        Err(ErrKind::Closed),
+                        "a claim held across the reopen"
+                    );
+                }
+                check_eq!(
+                    step,
+                    self.counts(),
+                    self.model.counts(),
+                    "stats after releasing stale claims"
                 );
             }
         }
