@@ -7,7 +7,7 @@
 //! to 1 ms before its `expires_at`, and is forgotten exactly at `expires_at`; a lease
 //! holds until exactly its `lease_until`. A step forward is wall time passing: keys
 //! whose `expires_at` it passes are forgotten (the documented limit, docs/CONTRACT.md
-//! §1), the others are not. Each test drives a `ManualClock` with 1 s buckets and
+//! §1.4), the others are not. Each test drives a `ManualClock` with 1 s buckets and
 //! checks exact `first_seen` / `expires_at` / `lease_until` values.
 
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Guards docs/CONTRACT.md §3's crash promise at scale: kill -9 at any instant —
+//! Guards docs/CONTRACT.md §3.2's crash promise at scale: kill -9 at any instant —
 //! including during open and recovery and around segment roll-over — loses no
 //! acknowledged operation and never lets a remembered key be `First` again; with
 //! unsynced data dying too (power loss), nothing a completed sync covered is lost.

@@ -4,7 +4,7 @@
 //! is not permitted the test says so loudly and returns). A filler file takes part of
 //! the space; keys are written until `check_and_set` fails. The failure must be
 //! `Error::Io` carrying `ENOSPC` whose message says the disk is full (docs/CONTRACT.md
-//! §3), the store must not be poisoned (reads and duplicates still answer, new keys
+//! §3.5), the store must not be poisoned (reads and duplicates still answer, new keys
 //! keep failing the same way, a batch fails whole or names the ids it applied), and
 //! once the filler is deleted new keys are accepted again and a reopen finds every key
 //! acknowledged before and after the disk filled.
