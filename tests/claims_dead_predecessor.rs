@@ -1,4 +1,4 @@
-//! Guards docs/CONTRACT.md's rule for a dead predecessor's claims: the directory lock
+//! Guards docs/CONTRACT.md §3.6, a dead predecessor's claims: the directory lock
 //! proves that the process which held the claims in progress at open is gone, so the
 //! open releases them (counted in `Stats::claims_released_at_open`) instead of letting
 //! their keys wait out the lease; their attempt counts stay.

@@ -125,7 +125,7 @@ fn stats_shows_keys_by_namespace_and_status() {
             .collect()
     };
     // seen, in_progress, released, completed, failed, total. The builder closed with
-    // order-8 claimed: the open releases that dead claim (docs/CONTRACT.md).
+    // order-8 claimed: the open releases that dead claim (docs/CONTRACT.md §3.6).
     assert_eq!(row("inventory"), vec![5, 0, 1, 1, 1, 8]);
     assert_eq!(row("payments"), vec![1, 0, 1, 0, 0, 2]);
     for label in [

@@ -1,5 +1,5 @@
-//! Guards per-key atomicity under threads (DESIGN.md §2): for one key, exactly one
-//! caller gets `First` / `Acquired` per retention window and per expired lease.
+//! Guards per-key atomicity under threads (docs/CONTRACT.md §2.1): for one key, exactly
+//! one caller gets `First` / `Acquired` per retention window and per expired lease.
 //!
 //! Four threads race on the same 16 keys in rounds separated by a barrier. In each
 //! round every thread calls `check_and_set` and `begin` on every key several times in

@@ -1,6 +1,6 @@
-//! The corruption matrix (issue 3, test 5): every kind of damage a crash, a bad disk or
-//! an operator can do to a closed store directory, each applied to its own copy of one
-//! pristine store and followed by a reopen.
+//! The corruption matrix (docs/RELIABILITY.md §5): every kind of damage a crash, a bad
+//! disk or an operator can do to a closed store directory, each applied to its own copy
+//! of one pristine store and followed by a reopen.
 //!
 //! The pristine store (manual clock, 64 KiB segments, one shard so one log stripe) holds
 //! marks, completed claims with results, claims still in progress and removed keys in two

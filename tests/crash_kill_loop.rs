@@ -1,7 +1,7 @@
-//! Guards DESIGN.md §3's crash promise at scale: kill -9 at any instant — including
-//! during open and recovery — loses no acknowledged operation and never lets a
-//! remembered key be `First` again; with unsynced data dying too (power loss), nothing
-//! a completed sync covered is lost.
+//! Guards docs/CONTRACT.md §3.2's crash promise at scale: kill -9 at any instant —
+//! including during open and recovery and around segment roll-over — loses no
+//! acknowledged operation and never lets a remembered key be `First` again; with
+//! unsynced data dying too (power loss), nothing a completed sync covered is lost.
 //!
 //! Two loops share one model of what must be remembered, checked after every crash:
 //!
@@ -16,18 +16,28 @@
 //!   returned `flush` covered must survive). An operation counts as acknowledged only
 //!   if it returned before the crash.
 //! - `real_files_kill_loop` (≥ 500 cycles): the test binary re-runs itself as a child
-//!   that opens a real directory and prints each answer only after the call returned;
-//!   the parent SIGKILLs it at a random moment (every fifth cycle without waiting for
-//!   the open, so some kills land in recovery), reopens the directory and checks every
-//!   acknowledged mark and completed claim, and that no key was ever First twice.
+//!   that opens a real directory — in `Interval` mode, every third cycle in
+//!   `Immediate` — and walks ids from a start the parent chooses (overlapping earlier
+//!   cycles' ids): `check_and_set` on most, `begin` + `complete` with a result on every
+//!   fourth, printing each answer (and each acquisition with its attempt number) only
+//!   after the call returned. The parent SIGKILLs it at a random moment (every fifth
+//!   cycle without waiting for the open, so some kills land in recovery; every 25th
+//!   after 50–100 ms of writing, so the child fills 64 KiB segments and the kill lands
+//!   around a roll-over, which the parent asserts from the segment files the child
+//!   created), reopens the directory and checks that every acknowledged mark is
+//!   `Duplicate` and every completed claim `Completed` with its result and the attempt
+//!   that completed it; across cycles, that no key was ever `First` twice, no claim
+//!   completed twice, and no attempt number handed out twice; and that a kill leaves
+//!   no corruption. A replayed result that differs is a failure too.
 //!
 //! `IDEMSTORE_SOAK_CYCLES=<n>` runs n lossy cycles and n / 4 real ones (at least the CI
 //! counts); `IDEMSTORE_SEED` replays a run.
 
 mod support;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -236,7 +246,11 @@ fn real_open(dir: &str, immediate: bool) -> Result<Store, idemstore::Error> {
         .open()
 }
 
-/// Child: writes ids from `start` until killed, printing each answer after it returned.
+/// Child: writes ids from `start` until killed, printing each answer after it returned:
+/// `first`/`duplicate` for marks; for claims `acquired <attempt>` once `begin`
+/// acquired, `completed <attempt>` once `complete` returned, `replayed` when `begin`
+/// found it completed with its result (`mismatch` with another), `held` when a live
+/// lease holds it.
 fn child(spec: &str) -> ! {
     let mut parts = spec.split(';');
     let dir = parts.next().unwrap();
@@ -253,10 +267,16 @@ fn child(spec: &str) -> ! {
         let line = if i % 4 == 3 {
             match claims.begin(&id).unwrap() {
                 Begin::Acquired(claim) => {
+                    let attempt = claim.attempt();
+                    writeln!(out, "acquired {i} {attempt}").unwrap();
+                    out.flush().unwrap();
                     claim.complete(Some(id.as_bytes())).unwrap();
-                    format!("completed {i}")
+                    format!("completed {i} {attempt}")
                 }
-                Begin::Completed(_) => format!("replayed {i}"),
+                Begin::Completed(record) if record.result() == Some(id.as_bytes()) => {
+                    format!("replayed {i}")
+                }
+                Begin::Completed(_) => format!("mismatch {i}"),
                 Begin::InProgress(_) => format!("held {i}"),
                 Begin::Exhausted(r) => panic!("exhausted {r:?}"),
             }
@@ -272,6 +292,15 @@ fn child(spec: &str) -> ! {
     unreachable!()
 }
 
+/// The segment files in `dir`.
+fn segment_files(dir: &str) -> HashSet<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect()
+}
+
 #[test]
 fn real_files_kill_loop() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
@@ -283,13 +312,20 @@ fn real_files_kill_loop() {
     // A fresh directory every ROUND cycles keeps each open short (every kill leaves
     // new segments behind, and recovered segments are sealed).
     const ROUND: u64 = 50;
+    // Every LONG-th cycle the child writes for 50-100 ms in `Interval` mode, long
+    // enough to fill 64 KiB segments, so kills also land around segment roll-over.
+    const LONG: u64 = 25;
     let mut dir = tempfile::tempdir().unwrap();
     let mut dir_str = dir.path().to_str().unwrap().to_string();
     let mut marks: HashSet<u64> = HashSet::new();
     let mut firsts: HashSet<u64> = HashSet::new();
     let mut completed: HashSet<u64> = HashSet::new();
+    // The attempt of each acknowledged acquisition and completion, per id.
+    let mut acquired: HashMap<u64, u32> = HashMap::new();
+    let mut completed_attempt: HashMap<u64, u32> = HashMap::new();
     let (mut highest, mut answers, mut early_kills) = (0u64, 0u64, 0u64);
     let (mut total_marks, mut total_completed) = (0usize, 0usize);
+    let (mut long_cycles, mut rolled_over, mut immediate_cycles) = (0u64, 0u64, 0u64);
     let started = Instant::now();
     for cycle in 0..cycles {
         if cycle % ROUND == 0 && cycle > 0 {
@@ -297,6 +333,7 @@ fn real_files_kill_loop() {
             dir_str = dir.path().to_str().unwrap().to_string();
             (highest, marks, firsts, completed) =
                 (0, HashSet::new(), HashSet::new(), HashSet::new());
+            (acquired, completed_attempt) = (HashMap::new(), HashMap::new());
         }
         if cycle % 100 == 0 {
             eprintln!(
@@ -304,7 +341,10 @@ fn real_files_kill_loop() {
                 started.elapsed().as_secs_f64()
             );
         }
-        let immediate = cycle % 3 == 2;
+        let long = cycle % LONG == LONG / 2;
+        let immediate = cycle % 3 == 2 && !long;
+        immediate_cycles += u64::from(immediate);
+        let segments_before = segment_files(&dir_str);
         let start = highest.saturating_sub(rng.below(100));
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([REAL_TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
@@ -344,44 +384,81 @@ fn real_files_kill_loop() {
             ready_rx
                 .recv_timeout(Duration::from_secs(60))
                 .unwrap_or_else(|_| panic!("cycle {cycle}: the child never opened the store"));
-            std::thread::sleep(Duration::from_micros(rng.below(20_000)));
+            let micros = if long {
+                50_000 + rng.below(50_000)
+            } else {
+                rng.below(20_000)
+            };
+            std::thread::sleep(Duration::from_micros(micros));
         }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
+        if long {
+            // Segments the child created: more than one in a bucket means it rolled over.
+            let created: Vec<PathBuf> = segment_files(&dir_str)
+                .difference(&segments_before)
+                .cloned()
+                .collect();
+            let buckets: HashSet<u64> = created
+                .iter()
+                .map(|p| support::deadline_of(p).unwrap())
+                .collect();
+            long_cycles += 1;
+            rolled_over += u64::from(created.len() > buckets.len());
+        }
         // Check what this cycle acknowledged, a sample of the older keys, and every
         // key every 50 cycles (checking all of them every cycle grows quadratically).
         let mut new_marks = Vec::new();
         let mut new_completed = Vec::new();
         for line in reader.join().unwrap() {
-            let Some((what, i)) = line.split_once(' ') else {
+            let mut words = line.split(' ');
+            let (Some(what), Some(Ok(i))) = (words.next(), words.next().map(str::parse::<u64>))
+            else {
                 continue;
             };
-            let Ok(i) = i.parse::<u64>() else { continue };
+            // Lines of the test harness ("running 1 test") are not answers.
+            let attempt = match words.next().map(str::parse::<u32>) {
+                None => None,
+                Some(Ok(attempt)) => Some(attempt),
+                Some(Err(_)) => continue,
+            };
             highest = highest.max(i + 1);
             answers += 1;
-            match what {
-                "first" => {
+            match (what, attempt) {
+                ("first", None) => {
                     assert!(firsts.insert(i), "cycle {cycle}: id-{i} First twice");
                     marks.insert(i);
                     new_marks.push(i);
                 }
-                "duplicate" => {
+                ("duplicate", None) => {
                     marks.insert(i);
                     new_marks.push(i);
                 }
-                "completed" => {
+                ("acquired", Some(attempt)) => {
+                    // A claim whose worker died may be acquired again, but never
+                    // with an attempt number already handed out.
+                    if let Some(earlier) = acquired.insert(i, attempt) {
+                        assert!(
+                            attempt > earlier,
+                            "cycle {cycle}: claim id-{i} acquired as attempt {attempt} after attempt {earlier}"
+                        );
+                    }
+                }
+                ("completed", Some(attempt)) => {
                     assert!(
                         completed.insert(i),
-                        "cycle {cycle}: claim id-{i} acquired twice"
+                        "cycle {cycle}: claim id-{i} acquired and completed twice"
                     );
+                    assert_eq!(acquired.get(&i), Some(&attempt), "cycle {cycle}: id-{i}");
+                    completed_attempt.insert(i, attempt);
                     new_completed.push(i);
                 }
-                "replayed" => {
+                ("replayed", None) => {
                     completed.insert(i);
                     new_completed.push(i);
                 }
-                "held" => {}
-                other => panic!("unexpected line {other}"),
+                ("held", None) => {}
+                _ => panic!("cycle {cycle}: unexpected line {line}"),
             }
         }
         let store = real_open(&dir_str, false).unwrap();
@@ -404,8 +481,8 @@ fn real_files_kill_loop() {
         };
         for i in sample(&marks, new_marks, &mut rng) {
             assert!(
-                m.get(format!("id-{i}")).unwrap().is_some(),
-                "cycle {cycle}: acknowledged id-{i} forgotten after kill -9"
+                !m.check_and_set(format!("id-{i}")).unwrap().is_first(),
+                "cycle {cycle}: acknowledged id-{i} is First again after kill -9"
             );
         }
         for i in sample(&completed, new_completed, &mut rng) {
@@ -415,6 +492,9 @@ fn real_files_kill_loop() {
                 .unwrap_or_else(|| panic!("cycle {cycle}: completed claim id-{i} lost"));
             assert_eq!(record.status, Status::Completed, "cycle {cycle}: id-{i}");
             assert_eq!(record.result(), Some(format!("id-{i}").as_bytes()));
+            if let Some(&attempt) = completed_attempt.get(&i) {
+                assert_eq!(record.attempts, attempt, "cycle {cycle}: id-{i}");
+            }
         }
         assert_eq!(
             store.stats().corrupt_records_skipped,
@@ -430,10 +510,16 @@ fn real_files_kill_loop() {
                 marks.len() as u64 > ROUND.min(cycles),
                 "the children acknowledged too little"
             );
+            assert!(!completed.is_empty(), "the children completed no claim");
         }
     }
     println!(
-        "{cycles} real kill -9 cycles in {:.1} s ({early_kills} without waiting for the open): {answers} acknowledged answers; {total_marks} marks and {total_completed} completed claims, each checked after the kill that followed it, 100 random older ones after every kill and all of them every {ROUND} cycles (a new directory each time), 0 lost",
+        "{cycles} real kill -9 cycles in {:.1} s ({early_kills} without waiting for the open, {immediate_cycles} in Immediate mode, {rolled_over} of {long_cycles} long ones across a segment roll-over): {answers} acknowledged answers; {total_marks} marks and {total_completed} completed claims, each checked after the kill that followed it, 100 random older ones after every kill and all of them every {ROUND} cycles (a new directory each time), 0 lost",
         started.elapsed().as_secs_f64(),
+    );
+    assert!(immediate_cycles > 0, "no cycle ran in Immediate mode");
+    assert!(
+        rolled_over > 0,
+        "no child filled a segment: the kills never landed around a roll-over"
     );
 }

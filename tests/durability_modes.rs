@@ -1,10 +1,10 @@
-//! Guards the durability modes of DESIGN.md §3 as far as a test without power loss
-//! can: in `Immediate` mode every acknowledged mark and claim is there after flush,
-//! close and reopen, and concurrent callers share fsyncs (group commit: fewer sync
-//! rounds than operations, counted by `stats()`); in `Interval` mode with an interval
-//! too long to fire during the test, `close` (and `flush`) still sync, so everything is
-//! there after reopen. Each test writes marks and claims, reopens the directory and
-//! checks every answer and stored result.
+//! Guards the durability modes of docs/CONTRACT.md §3.1 as far as a test without power
+//! loss can: in `Immediate` mode every acknowledged mark and claim is there after
+//! flush, close and reopen, and concurrent callers share fsyncs (group commit: fewer
+//! sync rounds than operations, counted by `stats()`); in `Interval` mode with an
+//! interval too long to fire during the test, `close` (and `flush`) still sync, so
+//! everything is there after reopen. Each test writes marks and claims, reopens the
+//! directory and checks every answer and stored result.
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;

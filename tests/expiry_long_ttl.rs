@@ -1,4 +1,4 @@
-//! Guards docs/CONTRACT.md's bound on bucket deadlines: a record that must be
+//! Guards docs/CONTRACT.md §1.3, the bound on bucket deadlines: a record that must be
 //! remembered for a span is remembered at least that long and at most
 //! `max(bucket_width, span / 1024)` longer, so a trickle of writes with a long ttl
 //! fills a bounded number of buckets (≤ ~2,048 per span) instead of one per bucket

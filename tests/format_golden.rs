@@ -30,7 +30,7 @@ const DEADLINE_MS: u64 = 1_702_592_040_000;
 /// ceil((EPOCH + 10 s + 1 day) / 1 min) * 1 min: the bucket of "other".
 const OTHER_DEADLINE_MS: u64 = 1_700_086_440_000;
 /// The current writer rounds a 30-day span to 42 min (`max(width, ttl / 1024)` in
-/// whole widths, docs/CONTRACT.md): ceil((EPOCH + 30 days) / 42 min) * 42 min.
+/// whole widths, docs/CONTRACT.md §1.3): ceil((EPOCH + 30 days) / 42 min) * 42 min.
 const WRITER_DEADLINE_MS: u64 = 1_702_592_640_000;
 const SEGMENT: &str = "0000018c6a64cc40-0000000000000001.seg";
 const WRITER_SEGMENT: &str = "0000018c6a6df400-0000000000000001.seg";

@@ -1,9 +1,9 @@
-//! Guards the input limits of DESIGN.md §1: every bounded input is tried at, just below
-//! and just above its bound, through every operation that takes it, and each refusal
-//! must be the specific `Error` variant (never a panic, never a truncation). After
-//! every refusal the test checks that nothing was lost or half-written: keys stored
-//! before are still `Duplicate`, a refused batch marked none of its ids, and a claim
-//! whose call was refused still holds its key.
+//! Guards the input limits of docs/CONTRACT.md §4: every bounded input is tried at,
+//! just below and just above its bound, through every operation that takes it, and each
+//! refusal must be the specific `Error` variant (never a panic, never a truncation).
+//! After every refusal the test checks that nothing was lost or half-written: keys
+//! stored before are still `Duplicate`, a refused batch marked none of its ids, and a
+//! claim whose call was refused still holds its key.
 
 use std::time::Duration;
 

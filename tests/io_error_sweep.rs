@@ -1,6 +1,6 @@
-//! Guards DESIGN.md §3 "disk full, I/O error and fsync failure are returned as errors;
-//! after an fsync failure the store refuses writes" and the durability promise under
-//! every such failure.
+//! Guards docs/CONTRACT.md §3.5 — disk full, I/O errors and fsync failures are returned
+//! as errors; after a failed fsync the store refuses writes — and the durability
+//! promise under every such failure.
 //!
 //! A deterministic `Immediate`-mode workload (marks, repeats, batches, claims with
 //! results, release + re-acquire, remove, expiry, flush, a clean close and reopen, a

@@ -1,4 +1,4 @@
-//! Guards the single-opener rule of DESIGN.md §3: a second `Store` on a directory
+//! Guards the single-opener rule of docs/CONTRACT.md §3.4: a second `Store` on a directory
 //! gets `Error::Locked` at once, whether it is in the same process or another one, and
 //! the lock goes away with its holder — on `close()`, on dropping the last handle, and
 //! when the holding process is killed with SIGKILL (the kernel drops the lock; no stale

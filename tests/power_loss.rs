@@ -1,6 +1,6 @@
-//! Guards DESIGN.md §3's durability table under power loss: in `Immediate` mode an
-//! acknowledged First / Acquired / complete survives a power cut; in `Interval` mode
-//! everything a completed sync covered (here: everything acknowledged before a
+//! Guards docs/CONTRACT.md §3.1's durability table under power loss: in `Immediate`
+//! mode an acknowledged First / Acquired / complete survives a power cut; in `Interval`
+//! mode everything a completed sync covered (here: everything acknowledged before a
 //! `flush` that returned) survives a power cut, and everything acknowledged survives a
 //! kill -9; a torn tail is cut and a damaged record never hides the intact ones after
 //! it; and recovery itself survives a second crash.

@@ -1,7 +1,8 @@
-//! Guards recovery from damaged files (DESIGN.md §3): a torn tail is cut silently, a
-//! corrupt record elsewhere is skipped and counted (or, with `strict(true)`, refused
-//! with `Error::Corruption` naming the file and offset), foreign files are counted and
-//! never touched, and segments whose bucket has expired are deleted at open.
+//! Guards recovery from damaged files (docs/CONTRACT.md §3.3): a torn tail is cut
+//! silently, a corrupt record elsewhere is skipped and counted (or, with
+//! `strict(true)`, refused with `Error::Corruption` naming the file and offset),
+//! foreign files are counted and never touched, and segments whose bucket has expired
+//! are deleted at open.
 //!
 //! Each test writes a store under a manual clock, closes it, damages the files on disk
 //! the way a crash or a bad disk would, reopens it and checks exactly which keys

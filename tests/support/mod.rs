@@ -215,8 +215,8 @@ pub fn deadline_of(path: &std::path::Path) -> Option<u64> {
 }
 
 /// Every record that survived intact in a crash image must be replayed: a damaged
-/// record must never hide the valid ones after it (DESIGN §4). Checks the keys of
-/// `marks` and `claims` whose newest intact record is not a tombstone and whose
+/// record must never hide the valid ones after it (docs/CONTRACT.md §3.3). Checks the
+/// keys of `marks` and `claims` whose newest intact record is not a tombstone and whose
 /// bucket has not expired at `now_ms`.
 pub fn check_intact(
     writes: &[(std::path::PathBuf, Vec<u8>)],

@@ -1,4 +1,5 @@
-//! `idemstore demo`: replays the incident idemstore exists to prevent (DESIGN.md §0).
+//! `idemstore demo`: replays the incident idemstore exists to prevent
+//! (docs/CONTRACT.md §0).
 //!
 //! An inventory service consumes "order created" messages from an at-least-once
 //! broker and deducts stock for each. The broker (this process, `demo/broker.rs`)
@@ -36,7 +37,7 @@
 //!
 //! The one-shot `check_and_set` before deducting would not do: a kill between the mark
 //! and the deduction leaves the order marked and never deducted (the Redis `SET NX`
-//! flaw of DESIGN.md §0), and marking after deducting brings the double deduction
+//! flaw of docs/CONTRACT.md §0), and marking after deducting brings the double deduction
 //! back. With the claim lifecycle the report can truthfully say 0 orders deducted
 //! twice and 0 orders never deducted; the demo exits 1 if either is not 0.
 //!

@@ -1,9 +1,12 @@
 //! Test support, not a supported API: the simulated file system and a way to open a
-//! store on it, for the reliability tests under `tests/`.
+//! store on it, for the reliability tests under `tests/`, and the reference model of
+//! the operation contract ([`model`]) that the model test and the fuzz target share.
 //!
 //! Always compiled (it costs nothing at run time), so `cargo test` runs every test.
 
 use std::sync::Arc;
+
+pub mod model;
 
 pub use crate::io::sim::{CallKind, Damage, FaultHit, SECTOR_BYTES, SimVfs, Snapshot};
 use crate::{Error, Store, StoreBuilder};
