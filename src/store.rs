@@ -272,8 +272,8 @@ impl Store {
             1,
         ));
         let index = Index::new(options.shards);
-        let recovery =
-            recovery::recover(&log, &index, vfs.as_ref(), &options, namespaces.names.len())?;
+        let names = namespaces.names.len();
+        let recovery = recovery::recover(&log, &index, vfs.as_ref(), &options, names, false)?;
         if namespaces.torn_tail {
             let path = dir.join(namespace_file::FILE_NAME);
             namespaces

@@ -1,41 +1,54 @@
-//! Recovery: rebuild the index by replaying every live segment at open.
+//! Recovery: rebuild the index at open, from the checkpoint or by replaying every live
+//! segment.
 //!
-//! 0. An index checkpoint left by a clean close is read and deleted (`checkpoint`);
+//! 0. The directory is surveyed ([`survey`]): every file classified, nothing changed.
+//!    Files that are not ours are counted and left alone.
+//! 1. An index checkpoint left by a clean close is read and deleted (`checkpoint`);
 //!    if it matches the directory exactly, the index is rebuilt from it and nothing
 //!    below runs (no record is read). Otherwise, and without one:
-//! 1. Files that are not ours are counted and left alone.
-//! 2. A segment whose bucket deadline has passed is deleted unread.
-//! 3. A segment that is all zeros (a crash right after it was created) is deleted.
-//! 4. A segment with a damaged header, or whose header disagrees with its name, is
+//! 2. A segment with a damaged header, or whose header disagrees with its name, is
 //!    counted as corrupt and skipped (in strict mode: `Error::Corruption`).
-//! 5. Records are replayed in any order, by several threads at once: for each key the
+//! 3. Records are replayed in any order, by several threads at once: for each key the
 //!    record with the highest lsn wins. A damaged record followed by valid ones is
-//!    counted and skipped; a damaged tail with nothing valid after it is a torn write
-//!    and is cut.
+//!    counted and skipped (in strict mode: `Error::Corruption`); a record naming a
+//!    namespace `NAMESPACES` does not hold is refused in any mode.
+//! 4. Only once nothing more can be refused is the directory changed: segments whose
+//!    bucket deadline has passed are deleted unread, segments that are all zeros (a
+//!    crash right after one was created) are deleted, a damaged tail with nothing valid
+//!    after it (a torn write) is cut, and every replayed segment is synced.
+//!
+//! In read-only mode step 4 changes nothing on disk: the checkpoint is read and left
+//! in place, expired and empty segments are left unregistered and in place, a torn
+//! tail is cut only in memory (the segment's length), and nothing is synced.
 
-use std::path::PathBuf;
+mod replay;
+pub(crate) mod survey;
+
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use self::replay::Pending;
+use self::survey::Verdict;
 use crate::checkpoint;
-use crate::error::Error;
-use crate::format::record::Record;
-use crate::format::segment_header::{self, SegmentHeader};
-use crate::index::{Index, KeyHash, Shard};
-use crate::io::{SegmentFile, Vfs};
-use crate::log::reader;
-use crate::log::{Location, Log, Segment, SegmentSlot};
+use crate::error::{Corruption, Error};
+use crate::index::Index;
+use crate::io::Vfs;
+use crate::log::{Log, Segment};
 use crate::options::Options;
-use parking_lot::MutexGuard;
 
 /// What recovery found.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RecoveryReport {
     pub records_replayed: u64,
     pub corrupt_records_skipped: u64,
+    /// Torn tails cut (in read-only mode, only from the in-memory length).
     pub torn_tails_cut: u64,
     pub foreign_files: u64,
-    pub expired_segments_deleted: u64,
+    /// Expired segments deleted (in read-only mode: found, left in place).
+    pub expired_segments: u64,
+    /// All-zero segments deleted (in read-only mode: found, left in place).
+    pub empty_segments: u64,
     /// The index was rebuilt from a checkpoint written at a clean close, not by replay.
     pub opened_from_checkpoint: bool,
     /// The latest creation time of any segment: the store's clock never reads earlier.
@@ -43,43 +56,37 @@ pub(crate) struct RecoveryReport {
     pub duration: std::time::Duration,
 }
 
-/// A segment registered in the log, waiting to be replayed.
-struct Pending {
-    slot: SegmentSlot,
-    path: PathBuf,
-    file: Arc<dyn SegmentFile>,
-}
-
-/// What replaying one segment found.
-#[derive(Default)]
-struct Replayed {
-    records: u64,
-    max_lsn: u64,
-    scan: reader::ScanReport,
-    unknown_namespace: Vec<usize>,
-}
-
 /// Average bytes per record assumed when sizing the index before replay.
 const RECORD_LEN_ESTIMATE: u64 = 48;
 
+/// Rebuilds `index` and `log`'s segment table from the directory of `log`. With
+/// `read_only`, changes nothing in the directory (see the module docs).
 pub(crate) fn recover(
     log: &Log,
     index: &Index,
     vfs: &dyn Vfs,
     options: &Options,
     namespace_count: usize,
+    read_only: bool,
 ) -> Result<RecoveryReport, Error> {
     let started = Instant::now();
     let dir = log.dir().to_path_buf();
     let now_ms = options.clock.now().0;
     let mut report = RecoveryReport::default();
     let names = vfs.list(&dir).map_err(|e| Error::io("listing", &dir, e))?;
-    for name in names.iter().filter(|n| !checkpoint::is_known_file(n)) {
+    let survey = survey::survey(vfs, &dir, &names, now_ms)?;
+    for name in &survey.foreign {
         tracing::warn!(file = %name, "ignoring a file idemstore did not write");
         report.foreign_files += 1;
     }
-    if let Some(bytes) = checkpoint::take(vfs, &dir, &names)? {
-        match checkpoint::restore(&bytes, log, index, vfs, namespace_count, &names, now_ms)? {
+    let checkpoint = if read_only {
+        checkpoint::read(vfs, &dir, &names)
+    } else {
+        checkpoint::take(vfs, &dir, &names)?
+    };
+    if let Some(bytes) = checkpoint {
+        let sync = !read_only;
+        match checkpoint::restore(&bytes, log, index, namespace_count, &names, now_ms, sync)? {
             Ok(restored) => {
                 report.opened_from_checkpoint = true;
                 report.clock_floor_ms = restored.clock_floor_ms;
@@ -98,116 +105,74 @@ pub(crate) fn recover(
             ),
         }
     }
-    let mut max_seq = 0u64;
+
     let mut pending = Vec::new();
-    for name in names {
-        // Other names were counted as foreign above.
-        let Some((name_deadline_ms, name_seq)) = segment_header::parse_file_name(&name) else {
-            continue;
-        };
-        let path = dir.join(&name);
-        max_seq = max_seq.max(name_seq);
-        // A directory named like a segment is not ours: counted, never opened or deleted.
-        let foreign_directory = |e: &std::io::Error, report: &mut RecoveryReport| {
-            let is_dir = e.kind() == std::io::ErrorKind::IsADirectory;
-            if is_dir {
-                tracing::warn!(file = %name, "ignoring a directory named like a segment");
-                report.foreign_files += 1;
+    for segment in &survey.segments {
+        match &segment.verdict {
+            Verdict::Damaged(damage) => corrupt(options, &mut report, damage)?,
+            Verdict::Live(header) => {
+                report.clock_floor_ms = report.clock_floor_ms.max(header.created_ms);
+                let slot = log.add_recovered(|slot| {
+                    Segment::recovered(
+                        slot,
+                        header.segment_seq,
+                        header.bucket_deadline_ms,
+                        segment.path.clone(),
+                        Arc::clone(&segment.file),
+                        segment.file.capacity(),
+                    )
+                })?;
+                pending.push(Pending {
+                    slot,
+                    path: segment.path.clone(),
+                    file: Arc::clone(&segment.file),
+                });
             }
-            is_dir
-        };
-        if name_deadline_ms <= now_ms {
-            match vfs.remove(&path) {
-                Ok(()) => report.expired_segments_deleted += 1,
-                Err(e) if foreign_directory(&e, &mut report) => {}
-                Err(e) => return Err(Error::io("deleting expired segment", &path, e)),
-            }
-            continue;
+            Verdict::Expired | Verdict::Empty => {}
         }
-        let file = match vfs.open_segment(&path) {
-            Ok(file) => file,
-            Err(e) if foreign_directory(&e, &mut report) => continue,
-            Err(e) => return Err(Error::io("opening segment", &path, e)),
-        };
-        let len = file.capacity() as usize;
-        let bytes = file.read(0, len);
-        let header = match SegmentHeader::decode(bytes) {
-            Ok(header)
-                if header.bucket_deadline_ms == name_deadline_ms
-                    && header.segment_seq == name_seq =>
-            {
-                header
-            }
-            Ok(_) => {
-                corrupt(
-                    options,
-                    &mut report,
-                    &path,
-                    0,
-                    "segment header disagrees with the file name",
-                )?;
-                continue;
-            }
-            Err(_) if bytes.iter().all(|&b| b == 0) => {
-                // Created, then a crash before its header reached the disk: never used.
-                drop(file);
-                vfs.remove(&path)
-                    .map_err(|e| Error::io("deleting empty segment", &path, e))?;
-                continue;
-            }
-            Err(reason) => {
-                corrupt(options, &mut report, &path, 0, &reason)?;
-                continue;
-            }
-        };
-        report.clock_floor_ms = report.clock_floor_ms.max(header.created_ms);
-        let slot = log.add_recovered(|slot| {
-            Segment::recovered(
-                slot,
-                header.segment_seq,
-                header.bucket_deadline_ms,
-                path.clone(),
-                Arc::clone(&file),
-                len as u64,
-            )
-        })?;
-        pending.push(Pending { slot, path, file });
     }
 
     let total_bytes: u64 = pending.iter().map(|p| p.file.capacity()).sum();
     index.reserve(usize::try_from(total_bytes / RECORD_LEN_ESTIMATE).unwrap_or(usize::MAX));
-    let replayed = replay_all(log, index, &pending, namespace_count);
-
+    let surveys = replay::replay_all(log, index, &pending, namespace_count);
     let mut max_lsn = 0u64;
-    for (segment, replayed) in pending.iter().zip(replayed) {
-        max_lsn = max_lsn.max(replayed.max_lsn);
-        report.records_replayed += replayed.records;
-        for offset in &replayed.scan.corrupt_offsets {
-            corrupt(
-                options,
-                &mut report,
-                &segment.path,
-                *offset as u64,
-                "damaged record",
-            )?;
+    for (segment, records) in pending.iter().zip(&surveys) {
+        max_lsn = max_lsn.max(records.max_lsn);
+        report.records_replayed += records.records;
+        for finding in records.findings(&segment.path, segment.bytes()) {
+            if finding.always_refused {
+                return Err(Error::Corruption(finding.damage));
+            }
+            corrupt(options, &mut report, &finding.damage)?;
         }
-        // Refused even without `strict`: skipping such a record is not enough, since
-        // the next namespace created takes the missing id and would inherit it (false
-        // duplicates, resurrected keys) at the following open.
-        if let Some(&offset) = replayed.unknown_namespace.first() {
-            return Err(Error::corruption(
-                &segment.path,
-                offset as u64,
-                "record names a namespace id the NAMESPACES file does not hold: NAMESPACES \
-                 is missing or lost entries; restore it from a backup, or move the segment \
-                 files away to start empty",
-            ));
+    }
+
+    // Nothing more can be refused: from here on the directory changes (unless
+    // read-only).
+    for segment in &survey.segments {
+        let (what, count) = match segment.verdict {
+            Verdict::Expired => ("deleting expired segment", &mut report.expired_segments),
+            Verdict::Empty => ("deleting empty segment", &mut report.empty_segments),
+            Verdict::Damaged(_) | Verdict::Live(_) => continue,
+        };
+        *count += 1;
+        if !read_only {
+            remove(vfs, &segment.path, what)?;
         }
-        if replayed.scan.torn_tail {
+    }
+    for (segment, records) in pending.iter().zip(&surveys) {
+        if records.scan.torn_tail {
             report.torn_tails_cut += 1;
-            tracing::info!(file = %segment.path.display(), offset = replayed.scan.valid_end, "cut a torn tail");
+            tracing::info!(file = %segment.path.display(), offset = records.scan.valid_end, "cut a torn tail");
         }
-        log.set_recovered_len(segment.slot, replayed.scan.valid_end as u64);
+        let valid_end = records.scan.valid_end as u64;
+        if read_only {
+            if let Some(recovered) = log.table.read().get(segment.slot) {
+                recovered.set_recovered_len(valid_end);
+            }
+            continue;
+        }
+        log.set_recovered_len(segment.slot, valid_end);
         // What was just replayed may exist only in the page cache (a kill -9 in
         // `Interval` mode, or a failed fsync and a reopen in the same boot), yet the
         // store will answer `Duplicate` from it as durable: make it durable first.
@@ -217,7 +182,7 @@ pub(crate) fn recover(
             .map_err(|e| Error::io("syncing recovered segment", &segment.path, e))?;
     }
     // Saturating: a file named with seq u64::MAX (damage, or not ours) must not panic.
-    log.set_next_seq(max_seq.saturating_add(1));
+    log.set_next_seq(survey.max_seq.saturating_add(1));
     index.set_lsn_floor(max_lsn);
     report.duration = started.elapsed();
     tracing::info!(
@@ -225,153 +190,35 @@ pub(crate) fn recover(
         segments = pending.len(),
         corrupt = report.corrupt_records_skipped,
         torn_tails = report.torn_tails_cut,
-        expired_segments = report.expired_segments_deleted,
+        expired_segments = report.expired_segments,
+        empty_segments = report.empty_segments,
+        read_only,
         ms = report.duration.as_millis() as u64,
         "recovered"
     );
     Ok(report)
 }
 
-/// Replays every pending segment; results in order.
-///
-/// Each of up to one thread per core locks its own share of the shards for the whole
-/// replay, reads every segment and applies only the records of its shards: no lock
-/// operation per record (a locked instruction per record would serialize the table's
-/// cache misses), and no two threads ever share a shard. Reading and hashing a record
-/// once per thread costs far less.
-fn replay_all(
-    log: &Log,
-    index: &Index,
-    pending: &[Pending],
-    namespace_count: usize,
-) -> Vec<Replayed> {
-    let parts = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .clamp(1, 8)
-        .min(index.shard_count());
-    let replay_part = |part: usize| {
-        let mut shards: Vec<MutexGuard<'_, Shard>> = (part..index.shard_count())
-            .step_by(parts)
-            .map(|i| index.lock_at(i))
-            .collect();
-        pending
-            .iter()
-            .map(|segment| {
-                replay(
-                    log,
-                    index,
-                    &mut shards,
-                    segment,
-                    namespace_count,
-                    part,
-                    parts,
-                )
-            })
-            .collect::<Vec<_>>()
-    };
-    if parts <= 1 || pending.is_empty() {
-        return replay_part(0);
-    }
-    std::thread::scope(|s| {
-        let others: Vec<_> = (1..parts)
-            .map(|part| s.spawn(move || replay_part(part)))
-            .collect();
-        let first = replay_part(0);
-        for other in others {
-            other.join().expect("a recovery thread panicked");
-        }
-        first
-    })
+/// Deletes a segment recovery does not keep.
+fn remove(vfs: &dyn Vfs, path: &Path, what: &'static str) -> Result<(), Error> {
+    vfs.remove(path).map_err(|e| Error::io(what, path, e))
 }
 
-/// Replays one segment's records of the shards `part` of `parts` into the index; the
-/// report (records, damage) covers the whole segment.
-fn replay(
-    log: &Log,
-    index: &Index,
-    shards: &mut [MutexGuard<'_, Shard>],
-    segment: &Pending,
-    namespace_count: usize,
-    part: usize,
-    parts: usize,
-) -> Replayed {
-    let mut replayed = Replayed::default();
-    let bytes = segment.file.read(0, segment.file.capacity() as usize);
-    replayed.scan = reader::scan(bytes, segment_header::LEN, |offset, record| {
-        if record.namespace_id as usize >= namespace_count {
-            replayed.unknown_namespace.push(offset);
-            return;
-        }
-        replayed.max_lsn = replayed.max_lsn.max(record.lsn);
-        replayed.records += 1;
-        let hash = KeyHash::of(record.namespace_id, record.id);
-        let shard = index.shard_of(hash);
-        if shard % parts == part {
-            apply(
-                log,
-                &mut shards[shard / parts],
-                hash,
-                segment.slot,
-                offset,
-                &record,
-            );
-        }
-    });
-    replayed
-}
-
-/// Makes `record` the indexed state of its key unless a newer record already is.
-fn apply(
-    log: &Log,
-    shard: &mut Shard,
-    hash: KeyHash,
-    slot: SegmentSlot,
-    offset: usize,
-    record: &Record<'_>,
-) {
-    let location = Location {
-        slot,
-        offset: offset as u32,
-    };
-    let mut existing = None;
-    shard.find(hash, |candidate| {
-        let found = log
-            .with_record(candidate, |_, other| {
-                (other.namespace_id == record.namespace_id && other.id == record.id)
-                    .then_some((other.lsn, other.state))
-            })
-            .ok()
-            .flatten();
-        if let Some((lsn, state)) = found {
-            existing = Some((candidate, lsn, state));
-        }
-        found.is_some()
-    });
-    match existing {
-        Some((_, lsn, _)) if lsn >= record.lsn => {}
-        Some((old, _, old_state)) => {
-            shard.upsert(hash, Some(old), location);
-            shard.counts.sub(old_state);
-            shard.counts.add(record.state);
-        }
-        None => {
-            shard.upsert(hash, None, location);
-            shard.counts.add(record.state);
-        }
-    }
-}
-
+/// Skips and counts `damage`, or refuses it in strict mode.
 fn corrupt(
     options: &Options,
     report: &mut RecoveryReport,
-    path: &std::path::Path,
-    offset: u64,
-    reason: &str,
+    damage: &Corruption,
 ) -> Result<(), Error> {
     if options.strict {
-        return Err(Error::corruption(path, offset, reason));
+        return Err(Error::Corruption(damage.clone()));
     }
-    tracing::error!(file = %path.display(), offset, reason, "skipping damaged data");
+    tracing::error!(
+        file = %damage.file.display(),
+        offset = damage.offset,
+        reason = damage.reason,
+        "skipping damaged data"
+    );
     report.corrupt_records_skipped += 1;
     Ok(())
 }
