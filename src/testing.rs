@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-pub use crate::io::sim::{CallKind, Damage, FaultHit, SECTOR_BYTES, SimVfs, Snapshot};
 use crate::format::namespace_file;
 use crate::io::Vfs;
+pub use crate::io::sim::{CallKind, Damage, FaultHit, SECTOR_BYTES, SimVfs, Snapshot};
 use crate::recovery::survey::{self, NamespaceFile};
 use crate::{Error, ManualClock, Store, StoreBuilder, UnixMs, VerifyReport};
 
