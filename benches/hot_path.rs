@@ -1,4 +1,7 @@
-#![expect(missing_docs, reason = "criterion_group! generates an undocumented public function")]
+#![expect(
+    missing_docs,
+    reason = "criterion_group! generates an undocumented public function"
+)]
 //! Criterion benches of idemstore's hot path, each next to the in-memory ceiling.
 //!
 //! Names carry their scale. Run: `cargo bench --bench hot_path`.

@@ -1,20 +1,21 @@
 //! [`verify`]: a read-only check of every file of a store directory.
 //!
-//! It decodes what recovery decodes — the `NAMESPACES` file, every segment header and
-//! every record with its checksum — with the same codec (`crate::format`) and the same
-//! scan (`crate::log::reader`), and reports each problem with its file and offset.
-//! Unlike opening the store it changes nothing: it does not cut torn tails, delete
-//! expired or empty segments, or rewrite a torn `NAMESPACES` header.
+//! It reports the survey the open applies (`crate::recovery::survey`): the same
+//! classification of every file — foreign, expired, empty, damaged header, live — and
+//! of every live segment's records, with each problem's file and offset. So verify
+//! reports damage exactly where a strict open refuses, and counts what a lenient open
+//! skips and cuts. Unlike opening the store it changes nothing: it does not cut torn
+//! tails, delete expired or empty segments, or rewrite a torn `NAMESPACES` header.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, SystemClock, UnixMs};
 use crate::error::{Corruption, Error};
-use crate::format::record::{self, DecodeError};
-use crate::format::{namespace_file, segment_header};
-use crate::io::{LOCK_FILE_NAME, OsVfs, SegmentFile, Vfs};
+use crate::format::namespace_file;
+use crate::format::segment_header::{self, SegmentHeader};
+use crate::io::{LOCK_FILE_NAME, OsVfs, Vfs};
 use crate::log::reader;
+use crate::recovery::survey::{self, NamespaceFile, Verdict};
 
 /// Most problems (and torn tails) a report lists; more are only counted.
 pub const VERIFY_LISTED_MAX: usize = 1_000;
@@ -34,16 +35,18 @@ pub struct VerifyReport {
     pub records: u64,
     /// Bytes of segment files read.
     pub bytes: u64,
-    /// Segments whose bucket deadline has passed: the next open deletes them unread.
+    /// Segments whose bucket deadline has passed: the next open deletes them unread,
+    /// so damage in them is not reported (their valid records count in `records`).
     pub expired_segments: u64,
     /// Segments that are all zeros (a crash right after creating one): the next open
     /// deletes them.
     pub empty_segments: u64,
-    /// Files that are not idemstore's (left alone by the store).
+    /// Files that are not idemstore's, and directories named like a segment (left
+    /// alone by the store).
     pub foreign_files: Vec<String>,
-    /// Torn tails: a write cut by a crash, with nothing valid after it. Normal after a
-    /// crash, not corruption; the next open cuts them. Listed up to
-    /// [`VERIFY_LISTED_MAX`].
+    /// Torn tails: a write cut by a crash, with nothing valid after it (in a segment,
+    /// or a torn `NAMESPACES` entry or header). Normal after a crash, not corruption;
+    /// the next open cuts them. Listed up to [`VERIFY_LISTED_MAX`].
     pub torn_tails: Vec<Corruption>,
     /// Damage: each with its file, offset and reason, up to [`VERIFY_LISTED_MAX`].
     pub problems: Vec<Corruption>,
@@ -58,13 +61,17 @@ impl VerifyReport {
     }
 
     fn problem(&mut self, file: &Path, offset: u64, reason: impl Into<String>) {
+        self.push_problem(Corruption {
+            file: file.to_path_buf(),
+            offset,
+            reason: reason.into(),
+        });
+    }
+
+    fn push_problem(&mut self, problem: Corruption) {
         self.problem_count += 1;
         if self.problems.len() < VERIFY_LISTED_MAX {
-            self.problems.push(Corruption {
-                file: file.to_path_buf(),
-                offset,
-                reason: reason.into(),
-            });
+            self.problems.push(problem);
         }
     }
 
@@ -96,8 +103,17 @@ pub fn verify_with_progress(
     dir: impl AsRef<Path>,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<VerifyReport, Error> {
-    let dir = dir.as_ref();
-    let vfs = OsVfs;
+    verify_on(&OsVfs, dir.as_ref(), SystemClock.now(), &mut progress)
+}
+
+/// [`verify_with_progress`] on any file system, at the time `now` (which decides the
+/// expired segments).
+pub(crate) fn verify_on(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    now: UnixMs,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<VerifyReport, Error> {
     let names = vfs.list(dir).map_err(|e| Error::io("listing", dir, e))?;
     let _lock = if names.iter().any(|n| n == LOCK_FILE_NAME) {
         Some(
@@ -112,152 +128,82 @@ pub fn verify_with_progress(
     };
     let mut report = VerifyReport::default();
 
-    let mut segments: Vec<(PathBuf, u64, u64)> = Vec::new();
-    for name in &names {
-        match segment_header::parse_file_name(name) {
-            Some((deadline_ms, seq)) => segments.push((dir.join(name), deadline_ms, seq)),
-            // The index checkpoint (and its temp name) is not checked: an open uses it
-            // only if it matches the segments exactly, and replays them otherwise.
-            None if crate::checkpoint::is_known_file(name) => {}
-            None => report.foreign_files.push(name.clone()),
-        }
-    }
-
     let namespaces_path = dir.join(namespace_file::FILE_NAME);
     let namespace_bytes = vfs
         .read_small(&namespaces_path)
         .map_err(|e| Error::io("reading", &namespaces_path, e))?;
-    match namespace_bytes {
-        None if !segments.is_empty() => report.problem(
+    let namespaces = survey::namespace_file(namespace_bytes.as_deref());
+    report.namespaces = namespaces.count() as u64;
+    match namespaces {
+        // Records then name namespaces it does not hold: each is reported below.
+        NamespaceFile::Missing => {}
+        NamespaceFile::TornHeader => report.torn_tail(
             &namespaces_path,
             0,
-            "missing: the segments' records cannot be named",
+            "torn header (a crash while creating the store); the next open rewrites it",
         ),
-        None => {}
-        Some(bytes) => match namespace_file::decode(&bytes) {
-            Ok(decoded) => {
-                report.namespaces = decoded.names.len() as u64;
-                if decoded.valid_len < bytes.len() {
+        NamespaceFile::Decoded { decoded, torn_tail } => {
+            if torn_tail {
+                report.torn_tail(
+                    &namespaces_path,
+                    decoded.valid_len as u64,
+                    "torn namespace entry (a crash while adding a namespace); the next open cuts it",
+                );
+            }
+        }
+        NamespaceFile::Damaged { offset, reason } => {
+            report.problem(&namespaces_path, offset as u64, reason);
+        }
+    }
+
+    // The index checkpoint (and its temp name) is not checked: an open uses it only if
+    // it matches the segments exactly, and replays them otherwise.
+    let survey = survey::survey(vfs, dir, &names, now.0)?;
+    report.foreign_files = survey.foreign.clone();
+    let total: u64 = survey.segments.iter().map(|s| s.file.capacity()).sum();
+    let mut done = 0u64;
+    progress(0, total);
+    for segment in &survey.segments {
+        let bytes = segment.bytes();
+        report.segments += 1;
+        report.bytes += bytes.len() as u64;
+        match &segment.verdict {
+            Verdict::Expired => {
+                report.expired_segments += 1;
+                // Deleted unread at the next open, so its damage does not matter; its
+                // valid records are still counted.
+                if SegmentHeader::decode(bytes).is_ok() {
+                    reader::scan(bytes, segment_header::LEN, |_, _| report.records += 1);
+                }
+            }
+            Verdict::Empty => report.empty_segments += 1,
+            Verdict::Damaged(damage) => report.push_problem(damage.clone()),
+            Verdict::Live(_) => {
+                let mut next_progress = PROGRESS_STEP_BYTES;
+                let records =
+                    survey::scan_records(bytes, report.namespaces as usize, |offset, _| {
+                        if offset >= next_progress {
+                            progress(done + offset as u64, total);
+                            next_progress = offset + PROGRESS_STEP_BYTES;
+                        }
+                    });
+                report.records += records.valid_records();
+                for finding in records.findings(&segment.path, bytes) {
+                    report.push_problem(finding.damage);
+                }
+                if records.scan.torn_tail {
                     report.torn_tail(
-                        &namespaces_path,
-                        decoded.valid_len as u64,
-                        "torn namespace entry (a crash while adding a namespace); the next open cuts it",
+                        &segment.path,
+                        records.scan.valid_end as u64,
+                        "torn tail (a write cut by a crash); the next open cuts it",
                     );
                 }
             }
-            // A header torn while the file was being created: no namespace was added.
-            Err(_) if bytes.len() <= namespace_file::HEADER_LEN && segments.is_empty() => {
-                report.torn_tail(
-                    &namespaces_path,
-                    0,
-                    "torn header (a crash while creating the store); the next open rewrites it",
-                );
-            }
-            Err((offset, reason)) => report.problem(&namespaces_path, offset as u64, reason),
-        },
-    }
-
-    let mut files: Vec<(PathBuf, u64, u64, Arc<dyn SegmentFile>)> = Vec::new();
-    for (path, deadline_ms, seq) in segments {
-        let file = vfs
-            .open_segment(&path)
-            .map_err(|e| Error::io("opening segment", &path, e))?;
-        files.push((path, deadline_ms, seq, file));
-    }
-    let total: u64 = files.iter().map(|f| f.3.capacity()).sum();
-    let now_ms = SystemClock.now().0;
-    let mut done = 0u64;
-    progress(0, total);
-    for (path, deadline_ms, seq, file) in &files {
-        let len = file.capacity() as usize;
-        let bytes = file.read(0, len);
-        report.segments += 1;
-        report.bytes += len as u64;
-        if *deadline_ms <= now_ms {
-            report.expired_segments += 1;
         }
-        check_segment(
-            &mut report,
-            path,
-            (*deadline_ms, *seq),
-            bytes,
-            &mut |checked| progress(done + checked as u64, total),
-        );
-        done += len as u64;
+        done += bytes.len() as u64;
         progress(done, total);
     }
     Ok(report)
-}
-
-/// Checks one segment's header and records.
-fn check_segment(
-    report: &mut VerifyReport,
-    path: &Path,
-    (deadline_ms, seq): (u64, u64),
-    bytes: &[u8],
-    progress: &mut dyn FnMut(usize),
-) {
-    match segment_header::SegmentHeader::decode(bytes) {
-        Ok(header) if header.bucket_deadline_ms == deadline_ms && header.segment_seq == seq => {}
-        Ok(header) => {
-            report.problem(
-                path,
-                0,
-                format!(
-                    "segment header (bucket deadline {}, seq {}) disagrees with the file name",
-                    header.bucket_deadline_ms, header.segment_seq
-                ),
-            );
-            return;
-        }
-        Err(_) if bytes.iter().all(|&b| b == 0) => {
-            report.empty_segments += 1;
-            return;
-        }
-        Err(reason) => {
-            report.problem(path, 0, reason);
-            return;
-        }
-    }
-    let namespaces = report.namespaces;
-    let mut unknown_namespace = Vec::new();
-    let mut records = 0u64;
-    let mut next_progress = PROGRESS_STEP_BYTES;
-    let scan = reader::scan(bytes, segment_header::LEN, |offset, record| {
-        records += 1;
-        if u64::from(record.namespace_id) >= namespaces {
-            unknown_namespace.push((offset, record.namespace_id));
-        }
-        if offset >= next_progress {
-            progress(offset);
-            next_progress = offset + PROGRESS_STEP_BYTES;
-        }
-    });
-    report.records += records;
-    for offset in scan.corrupt_offsets {
-        let reason = match record::decode(&bytes[offset..]) {
-            Err(DecodeError::Invalid(reason)) => format!("damaged record: {reason}"),
-            Err(DecodeError::Truncated) => {
-                "damaged record: its length runs past the next valid record".to_string()
-            }
-            Ok(_) => "damaged record".to_string(),
-        };
-        report.problem(path, offset as u64, reason);
-    }
-    for (offset, namespace_id) in unknown_namespace {
-        report.problem(
-            path,
-            offset as u64,
-            format!("record names namespace id {namespace_id}, which NAMESPACES does not hold"),
-        );
-    }
-    if scan.torn_tail {
-        report.torn_tail(
-            path,
-            scan.valid_end as u64,
-            "torn tail (a write cut by a crash); the next open cuts it",
-        );
-    }
 }
 
 #[cfg(test)]

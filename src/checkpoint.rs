@@ -15,6 +15,9 @@
 //! the segments are registered sealed at their lengths and the index is rebuilt from
 //! the entries, one thread per core, without reading a record. In any other case the
 //! caller replays the log as if there had been no checkpoint.
+//!
+//! A read-only open reads the checkpoint with [`read`] instead, leaves it in place
+//! and syncs nothing: it changes no file, so the checkpoint still matches afterwards.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -188,24 +191,35 @@ pub(crate) fn write(
     Ok(())
 }
 
+/// Reads the checkpoint, if the directory listing `names` has one, and leaves it in
+/// place (a read-only open: the store changes nothing, so the checkpoint still
+/// matches at the next open). `None` if there is none or it could not be read
+/// (logged: the log is replayed).
+pub(crate) fn read(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Option<Vec<u8>> {
+    if !names.iter().any(|n| n == checkpoint::FILE_NAME) {
+        return None;
+    }
+    let path = dir.join(checkpoint::FILE_NAME);
+    match vfs.read_file(&path) {
+        Ok(read) => read,
+        Err(e) => {
+            tracing::warn!(
+                file = %path.display(),
+                error = %e,
+                "could not read the index checkpoint; replaying the log"
+            );
+            None
+        }
+    }
+}
+
 /// Reads the checkpoint, if the directory listing `names` has one, then deletes it
 /// and its temp file and syncs the directory. `Ok(None)` if there is none or it
 /// could not be read (logged: the log is replayed). An error only if a file could not
 /// be deleted, or the directory synced: a checkpoint left behind must never meet the
 /// segments the store is about to change.
 pub(crate) fn take(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Result<Option<Vec<u8>>, Error> {
-    let path = dir.join(checkpoint::FILE_NAME);
-    let mut bytes = None;
-    if names.iter().any(|n| n == checkpoint::FILE_NAME) {
-        match vfs.read_file(&path) {
-            Ok(read) => bytes = read,
-            Err(e) => tracing::warn!(
-                file = %path.display(),
-                error = %e,
-                "could not read the index checkpoint; replaying the log"
-            ),
-        }
-    }
+    let bytes = read(vfs, dir, names);
     let mut removed = false;
     for name in [checkpoint::FILE_NAME, checkpoint::TEMP_FILE_NAME] {
         if !names.iter().any(|n| n == name) {
@@ -236,6 +250,9 @@ pub(crate) struct Restored {
 /// Rebuilds the log's segment table and the index from checkpoint `bytes`, if it
 /// matches the directory exactly (see the module docs).
 ///
+/// With `sync`, the segments are synced once registered (as after a replay); a
+/// read-only open passes `false` and changes nothing.
+///
 /// `Ok(Err(reason))`: it does not match; nothing was changed, and the caller replays.
 /// `Err`: an I/O error (opening a listed segment, or syncing one after the log and
 /// index were changed).
@@ -243,12 +260,13 @@ pub(crate) fn restore(
     bytes: &[u8],
     log: &Log,
     index: &Index,
-    vfs: &dyn Vfs,
     namespace_count: usize,
     names: &[String],
     now_ms: u64,
+    sync: bool,
 ) -> Result<Result<Restored, String>, Error> {
     let dir = log.dir();
+    let vfs = log.vfs();
     let decoded = match checkpoint::decode(bytes) {
         Ok(decoded) => decoded,
         Err(reason) => return Ok(Err(reason)),
@@ -373,7 +391,7 @@ pub(crate) fn restore(
     });
     // As after a replay: what the store answers from must be durable (the close that
     // wrote the checkpoint may have run without syncing, in `Durability::None`).
-    for (path, file) in &files {
+    for (path, file) in files.iter().filter(|_| sync) {
         file.sync_data()
             .map_err(|e| Error::io("syncing recovered segment", path, e))?;
     }

@@ -313,6 +313,14 @@ impl State {
         self.live_dir.get(path).copied()
     }
 
+    /// `IsADirectory` if `path` is a directory, as a file call on one fails.
+    fn not_a_directory(&self, path: &Path) -> io::Result<()> {
+        if self.dirs.contains(path) {
+            return Err(io::Error::from(io::ErrorKind::IsADirectory));
+        }
+        Ok(())
+    }
+
     fn snapshot(&self) -> Snapshot {
         let mut files = BTreeMap::new();
         for (&id, data) in &self.files {
@@ -497,6 +505,32 @@ impl SimVfs {
         Some(state.files[&id].live_bytes().to_vec())
     }
 
+    /// Test setup, not a counted call: makes `path` a file holding `bytes`, live and
+    /// durable, replacing any file there (damage written by hand).
+    pub fn put_file(&self, path: &Path, bytes: &[u8]) {
+        let mut state = self.shared.state.lock();
+        if let Some(dir) = path.parent() {
+            state.dirs.extend(dir.ancestors().map(Path::to_path_buf));
+        }
+        let id = state.add_file(path, FileData::new(bytes.to_vec()));
+        state.durable_dir.insert(path.to_path_buf(), id);
+    }
+
+    /// Test setup, not a counted call: removes the file `path`, live and durable.
+    /// Whether it existed.
+    pub fn delete_file(&self, path: &Path) -> bool {
+        let mut state = self.shared.state.lock();
+        state.durable_dir.remove(path);
+        state.live_dir.remove(path).is_some()
+    }
+
+    /// Test setup, not a counted call: makes the directory `path`. Its parent lists
+    /// it; used as a file (opened, read or removed) it fails with `IsADirectory`.
+    pub fn put_dir(&self, path: &Path) {
+        let mut state = self.shared.state.lock();
+        state.dirs.extend(path.ancestors().map(Path::to_path_buf));
+    }
+
     /// Counts a call, applies crash plans and faults; on success returns the state.
     fn enter(&self, kind: CallKind) -> io::Result<MutexGuard<'_, State>> {
         let mut state = self.shared.state.lock();
@@ -589,11 +623,15 @@ impl Vfs for SimVfs {
         if !state.dirs.contains(dir) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
-        Ok(names_in(&state.live_dir, dir))
+        let mut names = names_in(&state.live_dir, dir);
+        let subdirs = state.dirs.iter().filter(|d| d.parent() == Some(dir));
+        names.extend(subdirs.filter_map(|d| d.file_name()?.to_str().map(str::to_string)));
+        Ok(names)
     }
 
     fn read_small(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         let state = self.enter(CallKind::ReadSmall)?;
+        state.not_a_directory(path)?;
         Ok(state
             .live(path)
             .map(|id| state.files[&id].live_bytes().to_vec()))
@@ -648,6 +686,7 @@ impl Vfs for SimVfs {
 
     fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
         let mut state = self.enter(CallKind::OpenSegment)?;
+        state.not_a_directory(path)?;
         let id = state
             .live(path)
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
@@ -675,6 +714,7 @@ impl Vfs for SimVfs {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut state = self.enter(CallKind::Remove)?;
+        state.not_a_directory(path)?;
         match state.live_dir.remove(path) {
             Some(_) => Ok(()),
             None => Err(io::Error::from(io::ErrorKind::NotFound)),
@@ -700,6 +740,7 @@ impl Vfs for SimVfs {
 
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         let state = self.enter(CallKind::ReadFile)?;
+        state.not_a_directory(path)?;
         Ok(state
             .live(path)
             .map(|id| state.files[&id].live_bytes().to_vec()))

@@ -204,7 +204,14 @@ impl Store {
             1,
         ));
         let index = Index::new(options.shards);
-        let recovery = recovery::recover(&log, &index, vfs.as_ref(), &options, namespaces.count())?;
+        let recovery = recovery::recover(
+            &log,
+            &index,
+            vfs.as_ref(),
+            &options,
+            namespaces.count(),
+            read_only,
+        )?;
         let claims_released_at_open = index.finish_recovery();
         if claims_released_at_open > 0 {
             tracing::info!(

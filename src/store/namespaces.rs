@@ -11,6 +11,7 @@ use crate::format::namespace_file;
 use crate::io::{AppendFile, Vfs};
 use crate::options::limits;
 use crate::poison::Poison;
+use crate::recovery::survey::{self, NamespaceFile};
 
 /// The namespaces of one store.
 pub(crate) struct Namespaces {
@@ -97,19 +98,16 @@ fn open_table(vfs: &dyn Vfs, dir: &Path, path: &Path, read_only: bool) -> Result
     let existing = vfs
         .read_small(path)
         .map_err(|e| Error::io("reading", path, e))?;
-    let decoded = match &existing {
+    // The classification `verify` reports (`recovery::survey`).
+    let decoded = match survey::namespace_file(existing.as_deref()) {
         // A header torn by a crash while the file was being created (it is synced
         // before any namespace is added): no entry follows it, so no record can name a
         // namespace from it, and it is written again below.
-        Some(bytes)
-            if bytes.len() <= namespace_file::HEADER_LEN
-                && namespace_file::decode(bytes).is_err() =>
-        {
-            namespace_file::Decoded::default()
+        NamespaceFile::Missing | NamespaceFile::TornHeader => namespace_file::Decoded::default(),
+        NamespaceFile::Decoded { decoded, .. } => decoded,
+        NamespaceFile::Damaged { offset, reason } => {
+            return Err(Error::corruption(path, offset as u64, reason));
         }
-        Some(bytes) => namespace_file::decode(bytes)
-            .map_err(|(offset, reason)| Error::corruption(path, offset as u64, reason))?,
-        None => namespace_file::Decoded::default(),
     };
     let mut file_len = decoded.valid_len as u64;
     // A torn entry from a crash while adding a namespace: it was never used, and is
