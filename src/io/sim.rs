@@ -516,6 +516,29 @@ impl SimVfs {
         state.durable_dir.insert(path.to_path_buf(), id);
     }
 
+    /// Test damage, not a counted call: flips the bits of `mask` in byte `offset` of the
+    /// live file `path` in place, as a bad page would under a running store: a mapped
+    /// segment changes under its open handles. The caller makes sure no read of that
+    /// byte is in flight (no store operation runs during the call).
+    pub fn flip_live_byte(&self, path: &Path, offset: usize, mask: u8) {
+        let mut state = self.shared.state.lock();
+        let id = *state
+            .live_dir
+            .get(path)
+            .expect("flip_live_byte: no such file");
+        let file = state.files.get_mut(&id).expect("a listed file exists");
+        match &mut file.live {
+            Live::Bytes(bytes) => bytes[offset] ^= mask,
+            Live::Mapped { buffer, len, .. } => {
+                assert!(offset < *len, "flip_live_byte: {offset} is past the end");
+                // SAFETY: in bounds (offset < len <= buffer length); the state lock is
+                // held, and the caller guarantees no read of this byte is in flight.
+                let byte = unsafe { buffer.slice_mut(offset, 1) };
+                byte[0] ^= mask;
+            }
+        }
+    }
+
     /// Test setup, not a counted call: removes the file `path`, live and durable.
     /// Whether it existed.
     pub fn delete_file(&self, path: &Path) -> bool {
