@@ -3,7 +3,7 @@
 //! number. A leaf: `index`, `log` and `format::checkpoint` all use it, and it uses
 //! nothing of theirs, so the bit layout and its limits are written down once.
 
-use crate::options::limits;
+use crate::limits;
 
 /// Index of a segment in the segment table (what index entries store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -7,60 +7,11 @@ use std::time::Duration;
 use crate::addr::Lsn;
 use crate::answer::{Imported, Outcome, Record};
 use crate::clock::{UnixMs, duration_ms_ceil};
+use crate::engine::{Began, Engine, Pending, Resolved, Scope};
 use crate::error::Error;
 use crate::lifecycle::Resolution;
 use crate::operations::{self, Timed};
-use crate::store::{Inner, Resolved};
-
-/// A namespace's defaults: how long keys are remembered, how long a claim's lease
-/// lasts, and how many acquisitions a key gets before it is exhausted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
-    pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) max_attempts: u32,
-}
-
-impl Policy {
-    /// Keys are remembered for at least `ttl` (and at most `ttl` + one bucket width).
-    /// The lease defaults to 30 s and attempts are unlimited.
-    pub fn ttl(ttl: Duration) -> Policy {
-        Policy {
-            ttl,
-            lease: Duration::from_secs(30),
-            max_attempts: u32::MAX,
-        }
-    }
-
-    /// How long an acquired claim is held before another worker may take the key.
-    pub fn lease(self, lease: Duration) -> Policy {
-        Policy { lease, ..self }
-    }
-
-    /// After this many acquisitions that did not complete, `begin` answers
-    /// [`Begin::Exhausted`] (the dead-letter signal). At least 1.
-    pub fn max_attempts(self, max_attempts: u32) -> Policy {
-        Policy {
-            max_attempts,
-            ..self
-        }
-    }
-
-    /// The ttl: how long a key is remembered at least. Its bucket deadline may be
-    /// up to `max(bucket width, ttl / 1024)` later (docs/CONTRACT.md), so the
-    /// retention a key actually gets is this plus that rounding.
-    pub fn retention(&self) -> Duration {
-        self.ttl
-    }
-
-    pub(crate) fn ttl_ms(&self) -> u64 {
-        duration_ms_ceil(self.ttl)
-    }
-
-    pub(crate) fn lease_ms(&self) -> u64 {
-        duration_ms_ceil(self.lease)
-    }
-}
+use crate::policy::Policy;
 
 /// The answer of [`Namespace::begin`].
 #[derive(Debug)]
@@ -79,10 +30,11 @@ pub enum Begin {
 /// A namespace handle: cheap to clone, safe to share across threads.
 ///
 /// It reaches the engine only through the operations on one key that
-/// `store::keys` gives `Inner` (check_and_set, begin, resolve, get, remove, import).
+/// `engine::keys` gives `Engine` (check_and_set, begin, resolve, get, remove,
+/// import), naming the namespace by id and policy.
 #[derive(Clone)]
 pub struct Namespace {
-    inner: Arc<Inner>,
+    inner: Arc<Engine>,
     pub(crate) id: u32,
     name: Arc<str>,
     pub(crate) policy: Policy,
@@ -98,13 +50,46 @@ impl std::fmt::Debug for Namespace {
 }
 
 impl Namespace {
-    pub(crate) fn new(inner: Arc<Inner>, id: u32, name: &str, policy: Policy) -> Namespace {
+    pub(crate) fn new(inner: Arc<Engine>, id: u32, name: &str, policy: Policy) -> Namespace {
         Namespace {
             inner,
             id,
             name: Arc::from(name),
             policy,
         }
+    }
+
+    fn scope(&self) -> Scope {
+        Scope {
+            id: self.id,
+            policy: self.policy,
+        }
+    }
+
+    fn begin_scoped(&self, id: &[u8], payload_fp: Option<u64>) -> Result<Begin, Error> {
+        let pending = self.inner.begin(self.scope(), id, payload_fp)?;
+        let answer = match pending.value {
+            Began::Acquired {
+                attempt,
+                lsn,
+                lease_until,
+            } => Begin::Acquired(Claim {
+                namespace: self.clone(),
+                id: id.to_vec(),
+                attempt,
+                lsn,
+                lease_until,
+                resolved: false,
+            }),
+            Began::InProgress(record) => Begin::InProgress(record),
+            Began::Completed(record) => Begin::Completed(record),
+            Began::Exhausted(record) => Begin::Exhausted(record),
+        };
+        // On a failed wait an acquired claim drops here and is released (best effort).
+        self.inner.settle(Pending {
+            value: answer,
+            wait: pending.wait,
+        })
     }
 
     /// The namespace's name.
@@ -132,7 +117,7 @@ impl Namespace {
     /// `Duplicate`. The drop-in for Redis `SET key 1 NX EX ttl`.
     pub fn check_and_set(&self, id: impl AsRef<[u8]>) -> Result<Outcome, Error> {
         let started = operations::start_timer();
-        let outcome = self.inner.check_and_set(self, id.as_ref());
+        let outcome = self.inner.check_and_set(self.scope(), id.as_ref());
         self.inner.record_latency(Timed::CheckAndSet, started);
         outcome
     }
@@ -140,14 +125,14 @@ impl Namespace {
     /// `check_and_set` for a polled batch, with one durability wait for the batch.
     /// Outcomes are in the order of `ids`; a repeated id is `Duplicate` after its first.
     pub fn check_and_set_many<I: AsRef<[u8]>>(&self, ids: &[I]) -> Result<Vec<Outcome>, Error> {
-        self.inner.check_and_set_many(self, ids)
+        self.inner.check_and_set_many(self.scope(), ids)
     }
 
     /// Starts processing `id`: acquires a claim unless the key is done, held by a live
     /// lease, or exhausted.
     pub fn begin(&self, id: impl AsRef<[u8]>) -> Result<Begin, Error> {
         let started = operations::start_timer();
-        let answer = self.inner.begin(self, id.as_ref(), None);
+        let answer = self.begin_scoped(id.as_ref(), None);
         self.inner.record_latency(Timed::Begin, started);
         answer
     }
@@ -157,19 +142,19 @@ impl Namespace {
     pub fn begin_with_payload(&self, id: impl AsRef<[u8]>, payload: &[u8]) -> Result<Begin, Error> {
         let started = operations::start_timer();
         let fingerprint = xxhash_rust::xxh3::xxh3_64(payload);
-        let answer = self.inner.begin(self, id.as_ref(), Some(fingerprint));
+        let answer = self.begin_scoped(id.as_ref(), Some(fingerprint));
         self.inner.record_latency(Timed::Begin, started);
         answer
     }
 
     /// The consumption record of `id`, or `None` if it is not remembered.
     pub fn get(&self, id: impl AsRef<[u8]>) -> Result<Option<Record>, Error> {
-        self.inner.get(self, id.as_ref())
+        self.inner.get(self.scope(), id.as_ref())
     }
 
     /// Forgets `id`; `true` if it was remembered.
     pub fn remove(&self, id: impl AsRef<[u8]>) -> Result<bool, Error> {
-        self.inner.remove(self, id.as_ref())
+        self.inner.remove(self.scope(), id.as_ref())
     }
 
     /// Puts a consumption record back (a restore from `idemstore export`, or a move
@@ -193,7 +178,7 @@ impl Namespace {
     ///
     /// The write is as durable as any other under the store's durability mode.
     pub fn import(&self, id: impl AsRef<[u8]>, record: &Record) -> Result<Imported, Error> {
-        self.inner.import(self, id.as_ref(), record)
+        self.inner.import(self.scope(), id.as_ref(), record)
     }
 }
 
@@ -271,9 +256,13 @@ impl Claim {
     }
 
     fn resolve(&self, how: Resolution<'_>) -> Result<Resolved, Error> {
-        self.namespace
-            .inner
-            .resolve(&self.namespace, &self.id, self.attempt, self.lsn, how)
+        self.namespace.inner.resolve(
+            self.namespace.scope(),
+            &self.id,
+            self.attempt,
+            self.lsn,
+            how,
+        )
     }
 }
 

@@ -27,7 +27,7 @@ pub(crate) fn bucket_deadline(bucket_width_ms: u64, now: UnixMs, until: UnixMs) 
     let rounding = rounding_ms(bucket_width_ms, until.0.saturating_sub(now.0));
     let deadline = until.0.div_ceil(rounding).saturating_mul(rounding);
     #[cfg(feature = "planted-bugs")]
-    if crate::testing::planted("early-expiry") {
+    if crate::planted::planted("early-expiry") {
         return UnixMs(deadline - rounding);
     }
     UnixMs(deadline)

@@ -85,7 +85,7 @@ pub(crate) const STATES: usize = 6;
 /// (the entry word is the index's, `crate::addr`).
 pub(crate) const SEGMENTS_MAX: usize = addr::SEGMENT_SLOTS_MAX;
 /// Most shards a checkpoint can hold (the store's own limit).
-const SHARDS_MAX: usize = crate::options::limits::SHARDS_MAX;
+const SHARDS_MAX: usize = crate::limits::SHARDS_MAX;
 
 /// One segment file a checkpoint covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

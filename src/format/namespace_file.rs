@@ -15,7 +15,7 @@
 //! ```
 
 use super::{checksum32, read_u32};
-use crate::options::limits;
+use crate::limits;
 
 pub(crate) const FILE_NAME: &str = "NAMESPACES";
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMNSP\0";

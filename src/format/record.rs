@@ -28,7 +28,7 @@
 
 use super::{checksum32, read_u16, read_u32, read_u64};
 use crate::addr::Lsn;
-use crate::options::limits;
+use crate::limits;
 
 const CHECKSUM_OFFSET: usize = 0;
 const KIND_OFFSET: usize = CHECKSUM_OFFSET + 4;

@@ -58,7 +58,7 @@ impl Committer {
         let ticket = state.requested;
         self.wake.notify_all();
         #[cfg(feature = "planted-bugs")]
-        if crate::testing::planted("ack-before-fsync") {
+        if crate::planted::planted("ack-before-fsync") {
             return Ok(());
         }
         loop {

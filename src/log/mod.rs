@@ -388,7 +388,7 @@ impl Log {
     /// Syncs every segment with unsynced writes, and the directory if files changed.
     pub(crate) fn sync(&self) -> Result<(), Error> {
         #[cfg(feature = "planted-bugs")]
-        if crate::testing::planted("skip-dir-fsync") {
+        if crate::planted::planted("skip-dir-fsync") {
             self.dir_dirty.store(false, Ordering::SeqCst);
         }
         if self.dir_dirty.swap(false, Ordering::SeqCst)
@@ -402,7 +402,7 @@ impl Log {
         for (segment, published) in dirty.iter().zip(started) {
             if let Err(e) = segment.finish_sync(published) {
                 #[cfg(feature = "planted-bugs")]
-                if crate::testing::planted("ignore-fsync-error") {
+                if crate::planted::planted("ignore-fsync-error") {
                     continue;
                 }
                 return Err(Error::io("syncing segment", &segment.path, e));

@@ -43,7 +43,7 @@ pub(crate) fn scan<'a>(
                 }
                 match next_valid(bytes, at + 1) {
                     #[cfg(feature = "planted-bugs")]
-                    Some(_) if crate::testing::planted("eager-torn-tail") => {
+                    Some(_) if crate::planted::planted("eager-torn-tail") => {
                         report.torn_tail = true;
                         break;
                     }

@@ -1,4 +1,4 @@
-//! Reading every consumption record back ([`Store::scan`]) and the namespace names:
+//! Reading every consumption record back (`Store::scan`):
 //! what the offline tools (`idemstore scan`, `stats`, `export`) are built on.
 
 use std::sync::Arc;
@@ -11,26 +11,17 @@ use crate::format::segment_header;
 use crate::index::KeyHash;
 use crate::lifecycle::{self, Current};
 use crate::log::{Location, Segment, reader};
-use crate::store::Store;
 
-impl Store {
-    /// Calls `f(namespace, id, record)` for every key the store remembers (not removed,
-    /// not expired), until `f` returns `false`. `namespace` limits the walk to one
-    /// namespace (an unknown name matches nothing).
-    ///
-    /// The walk reads the log bucket by bucket, oldest expiry first, and reports each
-    /// record that the index holds as its key's newest: every key once, in no
-    /// particular order within a bucket. Memory stays bounded (one segment handle per
-    /// segment, no copy of the records); each record costs one shard lock, released
-    /// before `f` runs, so `f` may call the store. It is not a snapshot: a key written
-    /// while the walk runs may be reported in its old state, its new one, both or
-    /// neither. Offline (the `idemstore` tool holds the directory alone) it is exact.
-    pub fn scan(
+use super::Engine;
+
+impl Engine {
+    /// `Store::scan`.
+    pub(crate) fn scan(
         &self,
         namespace: Option<&str>,
         mut f: impl FnMut(&str, &[u8], &Record) -> bool,
     ) -> Result<(), Error> {
-        let inner = &self.inner;
+        let inner = self;
         inner.check_open()?;
         let names = inner.namespaces.names();
         let only = match namespace {
@@ -81,10 +72,5 @@ impl Store {
             }
         }
         Ok(())
-    }
-
-    /// The names of the store's namespaces, in the order they were created.
-    pub fn namespace_names(&self) -> Vec<String> {
-        self.inner.namespaces.names()
     }
 }

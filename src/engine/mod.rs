@@ -1,4 +1,4 @@
-//! [`Store`]: the orchestrator. Opening wires the rooms together — the log, the
+//! The engine behind [`Store`](crate::Store): the orchestrator. Opening wires the rooms together — the log, the
 //! index, recovery, the NAMESPACES table (`namespaces`), the group commit, expiry
 //! (`crate::expiry`) — and every operation then flows down through them:
 //! `keys` (the operations on one key) → `mutation` (the one write path, with
@@ -19,128 +19,28 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::clock::{Clock, MonotonicTime, UnixMs, duration_ms_ceil};
+use crate::clock::{MonotonicTime, UnixMs};
 use crate::error::Error;
 use crate::expiry::Expiry;
 use crate::index::{Index, StateCounts};
-use crate::io::{DirLock, OsVfs, Vfs};
+use crate::io::{DirLock, Vfs};
+use crate::limits;
 use crate::log::Log;
 use crate::log::commit::Committer;
-use crate::namespace::{Namespace, Policy};
 use crate::operations::{Operations, Timed};
-use crate::options::{Durability, Options, limits};
+use crate::options::{Durability, Options};
 use crate::poison::Poison;
+use crate::policy::Policy;
 use crate::recovery::{self, RecoveryReport};
 use crate::stats::Stats;
 use namespaces::Namespaces;
 
-pub(crate) use keys::Resolved;
+pub(crate) use keys::{Began, Resolved, Scope};
+pub(crate) use mutation::Pending;
 
-/// An open store. Cheap to clone; every clone is the same store. `Send + Sync`.
-///
-/// The last handle dropped closes the store; [`Store::close`] does it explicitly and
-/// reports errors.
-#[derive(Clone)]
-pub struct Store {
-    inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
-            .field("dir", &self.inner.dir)
-            .finish()
-    }
-}
-
-/// Options for [`Store::builder`].
-pub struct StoreBuilder {
-    dir: PathBuf,
-    options: Options,
-}
-
-impl StoreBuilder {
-    /// How acknowledged operations survive crashes (default `Interval(100 ms)`).
-    pub fn durability(mut self, durability: Durability) -> Self {
-        self.options.durability = durability;
-        self
-    }
-
-    /// Width of an expiry bucket (default 1 min, at least 1 s). A key is remembered
-    /// for at most its ttl plus one width.
-    pub fn bucket_width(mut self, width: Duration) -> Self {
-        self.options.bucket_width_ms = duration_ms_ceil(width);
-        self
-    }
-
-    /// Number of index shards, a power of two (default 64).
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.options.shards = shards;
-        self
-    }
-
-    /// Longest id in bytes (default 1024, at most 65535).
-    pub fn max_key_len(mut self, len: usize) -> Self {
-        self.options.max_key_len = len;
-        self
-    }
-
-    /// Longest stored result in bytes (default 4096, at most 1 MiB).
-    pub fn max_result_len(mut self, len: usize) -> Self {
-        self.options.max_result_len = len;
-        self
-    }
-
-    /// Longest ttl or lease a policy may ask for (default 400 days).
-    pub fn max_ttl(mut self, ttl: Duration) -> Self {
-        self.options.max_ttl_ms = duration_ms_ceil(ttl);
-        self
-    }
-
-    /// Size of one segment file (default and largest 16 MiB, at least 64 KiB and at least
-    /// the largest record the key and result limits allow).
-    pub fn segment_size(mut self, bytes: u64) -> Self {
-        self.options.segment_size_bytes = bytes;
-        self
-    }
-
-    /// Opens for reading only (default false): the open changes nothing in the
-    /// directory (no torn tail is cut, no expired file deleted, no checkpoint
-    /// rewritten, nothing synced), holds the directory lock like any open, runs no
-    /// background thread, and every write answers `Error::ReadOnly`. For tools that
-    /// inspect a store (`idemstore stats`, `get`, `scan`, `export`).
-    pub fn read_only(mut self, read_only: bool) -> Self {
-        self.options.read_only = read_only;
-        self
-    }
-
-    /// Refuse to open on any damaged record (`Error::Corruption` with file and offset)
-    /// instead of skipping and counting it (default false).
-    pub fn strict(mut self, strict: bool) -> Self {
-        self.options.strict = strict;
-        self
-    }
-
-    /// Where time comes from (default the system clock).
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.options.clock = Arc::new(clock);
-        self
-    }
-
-    /// Opens the store, creating the directory if needed, and replays the log.
-    pub fn open(self) -> Result<Store, Error> {
-        Store::open_with(self.dir, self.options, Arc::new(OsVfs))
-    }
-
-    /// Opens the store on another file system backend (the simulator of
-    /// `idemstore::testing`).
-    #[cfg(feature = "testing")]
-    pub(crate) fn open_on(self, vfs: Arc<dyn Vfs>) -> Result<Store, Error> {
-        Store::open_with(self.dir, self.options, vfs)
-    }
-}
-
-pub(crate) struct Inner {
+/// One open store: the rooms, wired. Shared by every `Store` handle, `Namespace`
+/// and `Claim` of it; the last one dropped closes it.
+pub(crate) struct Engine {
     pub(crate) options: Options,
     pub(crate) dir: PathBuf,
     time: MonotonicTime,
@@ -158,25 +58,22 @@ pub(crate) struct Inner {
     lock: Mutex<Option<DirLock>>,
 }
 
-impl Store {
-    /// Opens (or creates) the store in `dir` with the defaults.
-    pub fn open(dir: impl AsRef<Path>) -> Result<Store, Error> {
-        Store::builder(dir).open()
-    }
-
-    /// A builder for a store in `dir`.
-    pub fn builder(dir: impl AsRef<Path>) -> StoreBuilder {
-        StoreBuilder {
-            dir: dir.as_ref().to_path_buf(),
-            options: Options::default(),
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::error!(error = %e, "closing the store on drop failed");
         }
     }
+}
 
-    pub(crate) fn open_with(
+impl Engine {
+    /// Opens the store in `dir`: validates the options, takes the directory lock,
+    /// reads the namespaces, recovers the index and starts the background threads.
+    pub(crate) fn open(
         dir: PathBuf,
         options: Options,
         vfs: Arc<dyn Vfs>,
-    ) -> Result<Store, Error> {
+    ) -> Result<Arc<Engine>, Error> {
         options.validate()?;
         let read_only = options.read_only;
         if read_only {
@@ -225,7 +122,7 @@ impl Store {
         let time = MonotonicTime::new(Arc::clone(&options.clock), UnixMs(recovery.clock_floor_ms));
         let committer = Arc::new(Committer::new(Arc::clone(&poison)));
 
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(Engine {
             dir,
             time,
             index,
@@ -252,17 +149,17 @@ impl Store {
             let reaper_thread =
                 inner
                     .expiry
-                    .spawn(Arc::downgrade(&inner), period_ms, |inner: &Inner| {
+                    .spawn(Arc::downgrade(&inner), period_ms, |inner: &Engine| {
                         inner.reap()
                     });
             inner.threads.lock().extend([commit_thread, reaper_thread]);
         }
-        Ok(Store { inner })
+        Ok(inner)
     }
 
-    /// A handle for the namespace `name` (created on first use) with `policy`.
-    pub fn namespace(&self, name: &str, policy: Policy) -> Result<Namespace, Error> {
-        self.inner.check_open()?;
+    /// The id of the namespace `name`, created on first use; validates `policy`.
+    pub(crate) fn namespace_id(&self, name: &str, policy: &Policy) -> Result<u32, Error> {
+        self.check_open()?;
         if name.is_empty() || name.len() > limits::NAMESPACE_LEN_MAX {
             return Err(Error::invalid_key(format!(
                 "namespace {name:?} is {} bytes; it must be 1 to {} bytes",
@@ -270,68 +167,29 @@ impl Store {
                 limits::NAMESPACE_LEN_MAX
             )));
         }
-        self.inner.validate_policy(&policy)?;
-        let id = self.inner.namespaces.id(name, &self.inner.poison)?;
-        Ok(Namespace::new(Arc::clone(&self.inner), id, name, policy))
+        self.validate_policy(policy)?;
+        self.namespaces.id(name, &self.poison)
     }
 
-    /// Makes every operation acknowledged so far durable, whatever the durability mode.
-    pub fn flush(&self) -> Result<(), Error> {
-        self.inner.check_writable()?;
-        self.inner.committer.wait_durable()
+    pub(crate) fn flush(&self) -> Result<(), Error> {
+        self.check_writable()?;
+        self.committer.wait_durable()
     }
 
-    /// Expires every bucket whose deadline has passed now, instead of waiting for the
-    /// background reaper. Returns the number of keys forgotten.
-    pub fn expire_now(&self) -> Result<u64, Error> {
-        self.inner.check_writable()?;
-        self.inner.reap()
+    pub(crate) fn expire_now(&self) -> Result<u64, Error> {
+        self.check_writable()?;
+        self.reap()
     }
 
-    /// The store's counters.
-    pub fn stats(&self) -> Stats {
-        self.inner.stats()
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    /// The directory this store lives in.
-    pub fn path(&self) -> &Path {
-        &self.inner.dir
+    /// The names of the namespaces, in the order they were created.
+    pub(crate) fn namespace_names(&self) -> Vec<String> {
+        self.namespaces.names()
     }
 
-    /// Syncs everything (but in `Durability::None`), stops the background threads,
-    /// writes the index checkpoint and releases the directory. Every later operation
-    /// on this store or its namespaces returns `Error::Closed`. A read-only store
-    /// only releases the directory.
-    pub fn close(&self) -> Result<(), Error> {
-        self.inner.close()
-    }
-
-    /// Reports the store's figures through the `metrics` facade (feature `metrics`);
-    /// call it periodically, e.g. before each scrape. Counters (`*_total`: operations
-    /// by answer, expired buckets and keys, sync rounds, corrupt records skipped) are
-    /// set to their totals since open; gauges hold keys by status, disk and index
-    /// bytes, segments, buckets, `idemstore_expiry_lag_seconds`, and the sampled
-    /// latency quantiles (`idemstore_*_latency_seconds{quantile="0.5"|"0.99"|"0.999"}`).
-    /// Sampled latencies are also recorded as they happen, into the histograms
-    /// `idemstore_check_and_set_seconds` and `idemstore_begin_seconds`.
-    ///
-    /// The metrics carry no store label: a process with several stores should export
-    /// from one of them, or read [`Store::stats`] itself.
-    #[cfg(feature = "metrics")]
-    pub fn export_metrics(&self) {
-        crate::telemetry::export(&self.stats());
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Err(e) = self.close() {
-            tracing::error!(error = %e, "closing the store on drop failed");
-        }
-    }
-}
-
-impl Inner {
     pub(crate) fn check_open(&self) -> Result<(), Error> {
         if self.closed.load(Ordering::Acquire) {
             Err(Error::Closed)
@@ -362,7 +220,7 @@ impl Inner {
         self.expiry.reap(&self.log, &self.index, self.time.now())
     }
 
-    fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         let mut counts = StateCounts::default();
         let mut index_bytes = 0u64;
         for shard in self.index.shards() {

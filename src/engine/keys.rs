@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::Inner;
+use super::Engine;
 use super::mutation::{Applied, Pending};
 use crate::addr::Lsn;
 use crate::answer::{Imported, Outcome, Record, Seen, Status};
@@ -15,8 +15,29 @@ use crate::expiry::deadline::rounding_ms;
 use crate::format::record::ClaimFields;
 use crate::index::KeyHash;
 use crate::lifecycle::{self, Kept, Request, Resolution};
-use crate::namespace::{Begin, Claim, Namespace, Policy};
-use crate::options::limits;
+use crate::limits;
+use crate::policy::Policy;
+
+/// The namespace an operation is for: its id and the policy of the handle (which a
+/// per-call ttl may have changed).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scope {
+    pub id: u32,
+    pub policy: Policy,
+}
+
+/// What `begin` found, before the public face wraps an acquisition in a `Claim`.
+#[derive(Debug)]
+pub(crate) enum Began {
+    Acquired {
+        attempt: u32,
+        lsn: Lsn,
+        lease_until: UnixMs,
+    },
+    InProgress(Record),
+    Completed(Record),
+    Exhausted(Record),
+}
 
 /// What a claim's own operation changed: the lease (for extend) and the lsn of the
 /// record it wrote, which identifies the acquisition from then on.
@@ -25,7 +46,7 @@ pub(crate) struct Resolved {
     pub lsn: Lsn,
 }
 
-impl Inner {
+impl Engine {
     fn validate_id(&self, id: &[u8]) -> Result<(), Error> {
         if id.is_empty() || id.len() > self.options.max_key_len {
             return Err(Error::invalid_key(format!(
@@ -69,7 +90,7 @@ impl Inner {
 
     fn check_and_set_pending(
         &self,
-        namespace: &Namespace,
+        namespace: Scope,
         id: &[u8],
     ) -> Result<Pending<Outcome>, Error> {
         let request = Request::CheckAndSet {
@@ -92,7 +113,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn check_and_set(&self, namespace: &Namespace, id: &[u8]) -> Result<Outcome, Error> {
+    pub(crate) fn check_and_set(&self, namespace: Scope, id: &[u8]) -> Result<Outcome, Error> {
         self.check_write(id)?;
         let pending = self.check_and_set_pending(namespace, id)?;
         self.settle(pending)
@@ -100,7 +121,7 @@ impl Inner {
 
     pub(crate) fn check_and_set_many<I: AsRef<[u8]>>(
         &self,
-        namespace: &Namespace,
+        namespace: Scope,
         ids: &[I],
     ) -> Result<Vec<Outcome>, Error> {
         self.check_writable()?;
@@ -141,12 +162,14 @@ impl Inner {
         self.settle(outcomes)
     }
 
+    /// `begin`; the caller settles the durability wait once it holds the claim, so
+    /// that a failed wait drops (and releases) it.
     pub(crate) fn begin(
         &self,
-        namespace: &Namespace,
+        namespace: Scope,
         id: &[u8],
         payload_fp: Option<u64>,
-    ) -> Result<Begin, Error> {
+    ) -> Result<Pending<Began>, Error> {
         self.check_write(id)?;
         let policy = namespace.policy;
         let request = Request::Begin {
@@ -157,14 +180,11 @@ impl Inner {
         };
         let pending = self.apply(namespace.id, id, &request)?;
         let answer = match pending.value {
-            Applied::Written { lsn, claim } => Begin::Acquired(Claim {
-                namespace: namespace.clone(),
-                id: id.to_vec(),
+            Applied::Written { lsn, claim } => Began::Acquired {
                 attempt: claim.attempts,
                 lsn,
                 lease_until: UnixMs(claim.lease_until_ms),
-                resolved: false,
-            }),
+            },
             Applied::Kept {
                 kept: Kept::PayloadMismatch,
                 ..
@@ -174,15 +194,14 @@ impl Inner {
                 record: Some(record),
                 ..
             } => match kept {
-                Kept::InProgress => Begin::InProgress(record),
-                Kept::Completed => Begin::Completed(record),
-                Kept::Exhausted => Begin::Exhausted(record),
+                Kept::InProgress => Began::InProgress(record),
+                Kept::Completed => Began::Completed(record),
+                Kept::Exhausted => Began::Exhausted(record),
                 other => unreachable!("begin kept {other:?}"),
             },
             Applied::Kept { kept, .. } => unreachable!("begin kept {kept:?} with no record"),
         };
-        // On a failed wait an acquired claim drops here and is released (best effort).
-        self.settle(Pending {
+        Ok(Pending {
             value: answer,
             wait: pending.wait,
         })
@@ -192,7 +211,7 @@ impl Inner {
     /// record has `lsn`.
     pub(crate) fn resolve(
         &self,
-        namespace: &Namespace,
+        namespace: Scope,
         id: &[u8],
         attempt: u32,
         lsn: Lsn,
@@ -230,7 +249,7 @@ impl Inner {
         })
     }
 
-    pub(crate) fn get(&self, namespace: &Namespace, id: &[u8]) -> Result<Option<Record>, Error> {
+    pub(crate) fn get(&self, namespace: Scope, id: &[u8]) -> Result<Option<Record>, Error> {
         self.check_open()?;
         self.validate_id(id)?;
         let hash = KeyHash::of(namespace.id, id);
@@ -244,7 +263,7 @@ impl Inner {
         }
     }
 
-    pub(crate) fn remove(&self, namespace: &Namespace, id: &[u8]) -> Result<bool, Error> {
+    pub(crate) fn remove(&self, namespace: Scope, id: &[u8]) -> Result<bool, Error> {
         self.check_write(id)?;
         let pending = self.apply(namespace.id, id, &Request::Remove)?;
         let removed = matches!(pending.value, Applied::Written { .. });
@@ -256,7 +275,7 @@ impl Inner {
 
     pub(crate) fn import(
         &self,
-        namespace: &Namespace,
+        namespace: Scope,
         id: &[u8],
         imported: &Record,
     ) -> Result<Imported, Error> {

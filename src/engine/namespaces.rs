@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use crate::error::Error;
 use crate::format::namespace_file;
 use crate::io::{AppendFile, Vfs};
-use crate::options::limits;
+use crate::limits;
 use crate::poison::Poison;
 use crate::recovery::survey::{self, NamespaceFile};
 

@@ -14,7 +14,7 @@ use crate::log::AppendOutcome;
 use crate::operations::Counter;
 use crate::options::Durability;
 
-use super::Inner;
+use super::Engine;
 
 /// The key's newest record and where it is.
 #[derive(Debug, Clone, Copy)]
@@ -38,14 +38,15 @@ pub(super) enum Applied {
     Written { lsn: Lsn, claim: ClaimFields },
 }
 
-/// An answer, and whether it may be acted on only after a durability wait.
+/// An answer, and whether it may be acted on only after a durability wait
+/// (`Engine::settle`).
 #[must_use]
-pub(super) struct Pending<T> {
+pub(crate) struct Pending<T> {
     pub value: T,
     pub wait: bool,
 }
 
-impl Inner {
+impl Engine {
     /// The key `(namespace_id, id)` in a locked shard, verified against its record.
     pub(super) fn find(
         &self,
@@ -178,7 +179,7 @@ impl Inner {
     }
 
     /// Waits for the group commit if `wait`.
-    pub(super) fn settle<T>(&self, pending: Pending<T>) -> Result<T, Error> {
+    pub(crate) fn settle<T>(&self, pending: Pending<T>) -> Result<T, Error> {
         if pending.wait {
             self.committer.wait_durable()?;
         }

@@ -4,12 +4,12 @@
 
 use std::sync::atomic::Ordering;
 
-use super::Inner;
+use super::Engine;
 use crate::error::Error;
 use crate::options::Durability;
 
-impl Inner {
-    pub(super) fn close(&self) -> Result<(), Error> {
+impl Engine {
+    pub(crate) fn close(&self) -> Result<(), Error> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }

@@ -1,0 +1,42 @@
+//! The bugs of the negative controls (`.ci/negative-controls`): listed with the
+//! feature `testing`, compiled into the engine only with the feature `planted-bugs`, each switched on at run time by
+//! `IDEMSTORE_PLANTED_BUG=<name>`. The reliability tests must fail with each. A leaf:
+//! the engine modules that carry a bug ask `planted(name)`.
+
+/// The environment variable that selects a planted bug (feature `planted-bugs`).
+pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
+
+/// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
+/// controls: the reliability tests must fail with each.
+pub const PLANTED_BUGS: [&str; 5] = [
+    // Committer::wait_durable returns once the sync is requested, before it completes.
+    "ack-before-fsync",
+    // Log::sync never syncs the directory, so new segment files can vanish.
+    "skip-dir-fsync",
+    // Log::sync ignores a failed segment fdatasync: no poisoning, the round succeeds.
+    "ignore-fsync-error",
+    // The scan treats the first damaged record as the end even if valid ones follow.
+    "eager-torn-tail",
+    // Log::bucket_deadline rounds one bucket width early.
+    "early-expiry",
+];
+
+/// Whether the planted bug `name` is switched on (always false without the feature).
+#[cfg(feature = "planted-bugs")]
+pub(crate) fn planted(name: &str) -> bool {
+    static BUG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let bug = BUG.get_or_init(|| {
+        let bug = std::env::var(PLANTED_BUG_ENV)
+            .ok()
+            .filter(|b| !b.is_empty());
+        if let Some(bug) = &bug {
+            assert!(
+                PLANTED_BUGS.contains(&bug.as_str()),
+                "{PLANTED_BUG_ENV}={bug} is not one of {PLANTED_BUGS:?}"
+            );
+        }
+        bug
+    });
+    debug_assert!(PLANTED_BUGS.contains(&name));
+    bug.as_deref() == Some(name)
+}
