@@ -429,3 +429,35 @@ fn no_subcommand_creates_a_store_where_there_is_none() {
     );
     assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 1);
 }
+
+#[test]
+fn the_reading_tools_change_nothing_in_the_directory() {
+    let (_temp, dir) = built();
+    // A torn tail a writable open would cut, and a checkpoint it would delete and
+    // rewrite: the reading tools open read-only and must leave both as they are.
+    let segment = files(&dir)
+        .into_keys()
+        .find(|name| name.ends_with(".seg"))
+        .expect("a segment");
+    let mut bytes = std::fs::read(dir.join(&segment)).unwrap();
+    bytes.extend_from_slice(b"\x07torn tail of a crashed write");
+    std::fs::write(dir.join(&segment), &bytes).unwrap();
+    let before = files(&dir);
+    assert!(before.contains_key("CHECKPOINT"), "{:?}", before.keys());
+    for args in [
+        &["stats"][..],
+        &["get", "inventory", "order-6"],
+        &["scan"],
+        &["export"],
+    ] {
+        let output = idemstore(args, &dir, None);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {}", show(&output));
+        assert!(
+            files(&dir) == before,
+            "idemstore {args:?} changed the directory"
+        );
+    }
+    // The control: a writable open cuts the tail.
+    Store::open(&dir).unwrap().close().unwrap();
+    assert!(files(&dir)[&segment].len() < bytes.len());
+}

@@ -118,14 +118,17 @@ fn explain(dir: &Path, command: &str, error: Error) -> Failure {
     }
 }
 
-/// Opens an existing store with limits wide enough for any record.
+/// Opens an existing store read-only (the tool changes nothing in the directory:
+/// no torn tail cut, no expired file deleted, no checkpoint rewritten), with limits
+/// wide enough for any record.
 fn open(dir: &Path, command: &str) -> Result<Store, Failure> {
     require_store(dir)?;
-    open_unchecked(dir, command)
+    open_with(dir, command, true)
 }
 
-fn open_unchecked(dir: &Path, command: &str) -> Result<Store, Failure> {
+fn open_with(dir: &Path, command: &str, read_only: bool) -> Result<Store, Failure> {
     Store::builder(dir)
+        .read_only(read_only)
         .max_key_len(u16::MAX as usize)
         .max_result_len(1 << 20)
         .max_ttl(Duration::from_secs(100 * 365 * 86_400))
@@ -413,7 +416,7 @@ fn import_inner(dir: &Path) -> Result<ExitCode, Failure> {
             dir.display()
         ));
     }
-    let store = open_unchecked(dir, "import")?;
+    let store = open_with(dir, "import", false)?;
     let mut namespaces: HashMap<String, Namespace> = HashMap::new();
     let (mut written, mut live, mut expired) = (0u64, 0u64, 0u64);
     let stdin = std::io::stdin().lock();
