@@ -11,9 +11,8 @@ use std::path::Path;
 
 use crate::clock::{Clock, SystemClock, UnixMs};
 use crate::error::{Corruption, Error};
-use crate::format::namespace_file;
 use crate::format::segment_header::{self, SegmentHeader};
-use crate::io::{LOCK_FILE_NAME, OsVfs, Vfs};
+use crate::io::{OsVfs, Vfs};
 use crate::log::reader;
 use crate::recovery::survey::{self, NamespaceFile, Verdict};
 
@@ -115,7 +114,7 @@ pub(crate) fn verify_on(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport, Error> {
     let names = vfs.list(dir).map_err(|e| Error::io("listing", dir, e))?;
-    let _lock = if names.iter().any(|n| n == LOCK_FILE_NAME) {
+    let _lock = if names.iter().any(|n| n == crate::layout::LOCK) {
         Some(
             vfs.try_lock_dir(dir)
                 .map_err(|e| Error::io("locking directory", dir, e))?
@@ -128,7 +127,7 @@ pub(crate) fn verify_on(
     };
     let mut report = VerifyReport::default();
 
-    let namespaces_path = dir.join(namespace_file::FILE_NAME);
+    let namespaces_path = dir.join(crate::layout::NAMESPACES);
     let namespace_bytes = vfs
         .read_small(&namespaces_path)
         .map_err(|e| Error::io("reading", &namespaces_path, e))?;

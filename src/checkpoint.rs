@@ -24,15 +24,10 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::format::checkpoint::{self, EntryInfo, SegmentInfo};
-use crate::format::{namespace_file, segment_header};
+use crate::format::segment_header;
 use crate::index::{Index, StateCounts};
 use crate::io::{SegmentFile, Vfs};
 use crate::log::{Location, Log, Segment, SegmentSlot};
-
-/// Whether `name` is one of the checkpoint's files (never foreign).
-pub(crate) fn is_checkpoint_file(name: &str) -> bool {
-    name == checkpoint::FILE_NAME || name == checkpoint::TEMP_FILE_NAME
-}
 
 use crate::options::parallelism;
 
@@ -160,8 +155,8 @@ pub(crate) fn write(
         return Ok(());
     }
     let bytes = encoder.finish();
-    let temp = dir.join(checkpoint::TEMP_FILE_NAME);
-    let path = dir.join(checkpoint::FILE_NAME);
+    let temp = dir.join(crate::layout::CHECKPOINT_TEMP);
+    let path = dir.join(crate::layout::CHECKPOINT);
     const OP: &str = "writing the index checkpoint (the log itself is closed cleanly; the next open replays it):";
     let written = (|| -> Result<(), (std::io::Error, &Path)> {
         let file = vfs.open_append(&temp).map_err(|e| (e, temp.as_path()))?;
@@ -196,10 +191,10 @@ pub(crate) fn write(
 /// matches at the next open). `None` if there is none or it could not be read
 /// (logged: the log is replayed).
 pub(crate) fn read(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Option<Vec<u8>> {
-    if !names.iter().any(|n| n == checkpoint::FILE_NAME) {
+    if !names.iter().any(|n| n == crate::layout::CHECKPOINT) {
         return None;
     }
-    let path = dir.join(checkpoint::FILE_NAME);
+    let path = dir.join(crate::layout::CHECKPOINT);
     match vfs.read_file(&path) {
         Ok(read) => read,
         Err(e) => {
@@ -221,7 +216,7 @@ pub(crate) fn read(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Option<Vec<u8
 pub(crate) fn take(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Result<Option<Vec<u8>>, Error> {
     let bytes = read(vfs, dir, names);
     let mut removed = false;
-    for name in [checkpoint::FILE_NAME, checkpoint::TEMP_FILE_NAME] {
+    for name in [crate::layout::CHECKPOINT, crate::layout::CHECKPOINT_TEMP] {
         if !names.iter().any(|n| n == name) {
             continue;
         }
@@ -287,7 +282,7 @@ pub(crate) fn restore(
     // The segment files on disk must be exactly the listed ones.
     let mut on_disk: Vec<(u64, u64)> = names
         .iter()
-        .filter_map(|name| segment_header::parse_file_name(name))
+        .filter_map(|name| crate::layout::parse_segment_file_name(name))
         .map(|(deadline_ms, seq)| (seq, deadline_ms))
         .collect();
     on_disk.sort_unstable();
@@ -312,7 +307,7 @@ pub(crate) fn restore(
     let mut files = Vec::with_capacity(decoded.segments.len());
     let mut clock_floor_ms = 0;
     for info in &decoded.segments {
-        let path = dir.join(segment_header::file_name(info.deadline_ms, info.seq));
+        let path = dir.join(crate::layout::segment_file_name(info.deadline_ms, info.seq));
         let file = match vfs.open_segment(&path) {
             Ok(file) => file,
             // An I/O error, as it would be in a replay (the listing matched, so the
@@ -402,13 +397,4 @@ pub(crate) fn restore(
         entries: decoded.entry_count,
         clock_floor_ms,
     }))
-}
-
-/// Whether `name` is a file idemstore writes in a store directory (anything else is
-/// counted as foreign and left alone).
-pub(crate) fn is_known_file(name: &str) -> bool {
-    name == namespace_file::FILE_NAME
-        || name == crate::io::LOCK_FILE_NAME
-        || is_checkpoint_file(name)
-        || segment_header::parse_file_name(name).is_some()
 }

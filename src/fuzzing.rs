@@ -92,12 +92,12 @@ pub fn encode_segment_header(fields: SegmentHeaderFields) -> [u8; SEGMENT_HEADER
 
 /// The file name of a segment.
 pub fn segment_file_name(bucket_deadline_ms: u64, segment_seq: u64) -> String {
-    segment_header::file_name(bucket_deadline_ms, segment_seq)
+    crate::layout::segment_file_name(bucket_deadline_ms, segment_seq)
 }
 
 /// Parses a segment file name into (bucket deadline, seq).
 pub fn parse_segment_file_name(name: &str) -> Option<(u64, u64)> {
-    segment_header::parse_file_name(name)
+    crate::layout::parse_segment_file_name(name)
 }
 
 /// Decodes a `NAMESPACES` file: the names in id order and the valid length, or the

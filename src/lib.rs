@@ -42,6 +42,7 @@ mod expiry;
 mod format;
 mod index;
 mod io;
+mod layout;
 mod lifecycle;
 mod limits;
 mod log;

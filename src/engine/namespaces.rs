@@ -35,7 +35,7 @@ impl Namespaces {
     /// what it read durable. Read-only: changes nothing, and a missing file is an
     /// empty table.
     pub(crate) fn open(vfs: &dyn Vfs, dir: &Path, read_only: bool) -> Result<Namespaces, Error> {
-        let path = dir.join(namespace_file::FILE_NAME);
+        let path = dir.join(crate::layout::NAMESPACES);
         let table = open_table(vfs, dir, &path, read_only)?;
         Ok(Namespaces {
             path,

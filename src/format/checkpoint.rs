@@ -39,11 +39,6 @@
 use super::{read_u32, read_u64, segment_header};
 use crate::addr;
 
-/// The file name in the store directory.
-pub(crate) const FILE_NAME: &str = "CHECKPOINT";
-/// The name it is written under before the rename.
-pub(crate) const TEMP_FILE_NAME: &str = "CHECKPOINT.tmp";
-
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMCKP\0";
 pub(crate) const VERSION: u32 = 1;
 

@@ -17,7 +17,6 @@
 use super::{checksum32, read_u32};
 use crate::limits;
 
-pub(crate) const FILE_NAME: &str = "NAMESPACES";
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMNSP\0";
 pub(crate) const VERSION: u32 = 1;
 pub(crate) const HEADER_LEN: usize = 16;

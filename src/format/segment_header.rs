@@ -96,24 +96,6 @@ impl SegmentHeader {
     }
 }
 
-/// The file name of a segment: `<bucket deadline, 16 hex>-<segment seq, 16 hex>.seg`.
-pub(crate) fn file_name(bucket_deadline_ms: u64, segment_seq: u64) -> String {
-    format!("{bucket_deadline_ms:016x}-{segment_seq:016x}.seg")
-}
-
-/// Parses a segment file name; `None` for any other file.
-pub(crate) fn parse_file_name(name: &str) -> Option<(u64, u64)> {
-    let stem = name.strip_suffix(".seg")?;
-    let (deadline, seq) = stem.split_once('-')?;
-    if deadline.len() != 16 || seq.len() != 16 {
-        return None;
-    }
-    Some((
-        u64::from_str_radix(deadline, 16).ok()?,
-        u64::from_str_radix(seq, 16).ok()?,
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,18 +120,5 @@ mod tests {
         }
         assert!(SegmentHeader::decode(&bytes[..63]).is_err());
         assert!(SegmentHeader::decode(&[0u8; LEN]).is_err());
-    }
-
-    #[test]
-    fn file_names_round_trip() {
-        let name = file_name(0xabc, 42);
-        assert_eq!(name, "0000000000000abc-000000000000002a.seg");
-        assert_eq!(parse_file_name(&name), Some((0xabc, 42)));
-        assert_eq!(parse_file_name("LOCK"), None);
-        assert_eq!(parse_file_name("0000000000000abc-2a.seg"), None);
-        assert_eq!(
-            parse_file_name("zzzzzzzzzzzzzzzz-000000000000002a.seg"),
-            None
-        );
     }
 }

@@ -12,7 +12,7 @@ mod os;
 #[cfg(feature = "testing")]
 pub(crate) mod sim;
 
-pub(crate) use os::{LOCK_FILE_NAME, OsVfs};
+pub(crate) use os::OsVfs;
 
 /// A held directory lock; dropping it releases the lock.
 pub(crate) type DirLock = Box<dyn Any + Send + Sync>;

@@ -11,8 +11,6 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use super::{AppendFile, DirLock, SegmentFile, Vfs};
 
-pub(crate) const LOCK_FILE_NAME: &str = "LOCK";
-
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct OsVfs;
 
@@ -27,7 +25,7 @@ impl Vfs for OsVfs {
             .write(true)
             .create(true)
             .truncate(false)
-            .open(dir.join(LOCK_FILE_NAME))?;
+            .open(dir.join(crate::layout::LOCK))?;
         // flock: held per open file description, so a second open in this process
         // conflicts too; released by the kernel when the holder dies.
         match file.try_lock() {

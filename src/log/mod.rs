@@ -20,7 +20,7 @@ pub(crate) use crate::addr::{Location, SegmentSlot};
 use crate::addr::{ReadersDrained, SEGMENT_SLOTS_MAX};
 use crate::error::Error;
 use crate::format::record::StoredRecord;
-use crate::format::segment_header::{self, SegmentHeader};
+use crate::format::segment_header::SegmentHeader;
 use crate::index::{Drained, Shard};
 use crate::io::Vfs;
 use crate::poison::Poison;
@@ -313,7 +313,9 @@ impl Log {
         let mut taken = 0;
         let (seq, path, file) = loop {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            let path = self.dir.join(segment_header::file_name(deadline_ms, seq));
+            let path = self
+                .dir
+                .join(crate::layout::segment_file_name(deadline_ms, seq));
             match self.vfs.create_segment(&path, self.segment_size_bytes) {
                 Ok(file) => break (seq, path, file),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && taken < 64 => {

@@ -136,11 +136,11 @@ pub(crate) fn survey(
         max_seq: 0,
     };
     for name in names {
-        if !crate::checkpoint::is_known_file(name) {
+        if !crate::layout::is_known_file(name) {
             survey.foreign.push(name.clone());
             continue;
         }
-        let Some((deadline_ms, seq)) = segment_header::parse_file_name(name) else {
+        let Some((deadline_ms, seq)) = crate::layout::parse_segment_file_name(name) else {
             continue;
         };
         survey.max_seq = survey.max_seq.max(seq);

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 pub mod model;
 
-use crate::format::namespace_file;
 use crate::io::Vfs;
 pub use crate::io::sim::{CallKind, Damage, FaultHit, SECTOR_BYTES, SimVfs, Snapshot};
 use crate::recovery::survey::{self, NamespaceFile};
@@ -60,7 +59,7 @@ pub struct Recovered {
 /// (and refused if damaged, as the open does) but never created, rewritten or
 /// trimmed, the directory is not locked, and no store is started.
 pub fn recover(vfs: &SimVfs, dir: &Path, how: RecoverOptions) -> Result<Recovered, Error> {
-    let path = dir.join(namespace_file::FILE_NAME);
+    let path = dir.join(crate::layout::NAMESPACES);
     let bytes = vfs
         .read_small(&path)
         .map_err(|e| Error::io("reading", &path, e))?;

@@ -1,0 +1,75 @@
+//! The store directory's layout: every file name the store owns, in one place. Any
+//! other file in the directory is foreign: counted, and left alone.
+
+/// The namespace table (`format::namespace_file`).
+pub(crate) const NAMESPACES: &str = "NAMESPACES";
+/// The index checkpoint of a clean close (`format::checkpoint`).
+pub(crate) const CHECKPOINT: &str = "CHECKPOINT";
+/// The checkpoint while it is written, renamed to `CHECKPOINT` once synced.
+pub(crate) const CHECKPOINT_TEMP: &str = "CHECKPOINT.tmp";
+/// The file the directory lock (`flock`) is taken on.
+pub(crate) const LOCK: &str = "LOCK";
+
+/// The file name of a segment: `<bucket deadline, 16 hex>-<segment seq, 16 hex>.seg`.
+pub(crate) fn segment_file_name(bucket_deadline_ms: u64, segment_seq: u64) -> String {
+    format!("{bucket_deadline_ms:016x}-{segment_seq:016x}.seg")
+}
+
+/// Parses a segment file name exactly as `segment_file_name` writes it (lowercase
+/// hex, 16 digits each); `None` for any other name.
+pub(crate) fn parse_segment_file_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.strip_suffix(".seg")?;
+    let (deadline, seq) = stem.split_once('-')?;
+    let hex = |digits: &str| {
+        (digits.len() == 16
+            && digits
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .then(|| u64::from_str_radix(digits, 16).ok())
+        .flatten()
+    };
+    Some((hex(deadline)?, hex(seq)?))
+}
+
+/// `CHECKPOINT` or its temp file.
+pub(crate) fn is_checkpoint_file(name: &str) -> bool {
+    name == CHECKPOINT || name == CHECKPOINT_TEMP
+}
+
+/// Whether `name` is a file idemstore writes in a store directory.
+pub(crate) fn is_known_file(name: &str) -> bool {
+    name == NAMESPACES
+        || name == LOCK
+        || is_checkpoint_file(name)
+        || parse_segment_file_name(name).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_round_trip_and_nothing_else_parses() {
+        let name = segment_file_name(0xabc, 42);
+        assert_eq!(name, "0000000000000abc-000000000000002a.seg");
+        assert_eq!(parse_segment_file_name(&name), Some((0xabc, 42)));
+        for other in [
+            "LOCK",
+            "0000000000000abc-2a.seg",
+            "zzzzzzzzzzzzzzzz-000000000000002a.seg",
+            "0000000000000ABC-000000000000002a.seg",
+            "+000000000000abc-000000000000002a.seg",
+        ] {
+            assert_eq!(parse_segment_file_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn every_name_the_store_writes_is_known() {
+        for name in [NAMESPACES, CHECKPOINT, CHECKPOINT_TEMP, LOCK] {
+            assert!(is_known_file(name), "{name}");
+        }
+        assert!(is_known_file(&segment_file_name(1, 2)));
+        assert!(!is_known_file("notes.txt"));
+    }
+}
