@@ -25,6 +25,7 @@ pub(crate) struct Current {
 
 impl Current {
     /// Remembered at `now`: not removed, its bucket not expired.
+    #[inline]
     pub(crate) fn is_live(&self, now: UnixMs) -> bool {
         self.state != State::Tombstone && self.deadline > now
     }
@@ -105,6 +106,7 @@ impl Kept {
     /// The answer reports the key's live record: it may be acted on only once that
     /// record is durable (a duplicate of a write whose sync then fails must not be
     /// skipped by one caller while another sees the error).
+    #[inline]
     pub(crate) fn reports_live_record(self) -> bool {
         matches!(
             self,
@@ -133,7 +135,9 @@ pub(crate) enum Decision<'a> {
 }
 
 /// Decides `request` at `now` on a key whose newest record is `current` (live or
-/// not), with buckets `bucket_width_ms` wide.
+/// not), with buckets `bucket_width_ms` wide. Inlined into the mutation skeleton,
+/// where each operation's request is known, so only its arm is compiled there.
+#[inline(always)]
 pub(crate) fn decide<'a>(
     request: &Request<'a>,
     current: Option<&Current>,

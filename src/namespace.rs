@@ -38,6 +38,7 @@ pub struct Namespace {
     pub(crate) id: u32,
     name: Arc<str>,
     pub(crate) policy: Policy,
+    scope: Scope,
 }
 
 impl std::fmt::Debug for Namespace {
@@ -56,14 +57,12 @@ impl Namespace {
             id,
             name: Arc::from(name),
             policy,
+            scope: Scope::new(id, &policy),
         }
     }
 
     fn scope(&self) -> Scope {
-        Scope {
-            id: self.id,
-            policy: self.policy,
-        }
+        self.scope
     }
 
     fn begin_scoped(&self, id: &[u8], payload_fp: Option<u64>) -> Result<Begin, Error> {
@@ -109,6 +108,7 @@ impl Namespace {
         self.inner.validate_policy(&policy)?;
         Ok(Namespace {
             policy,
+            scope: Scope::new(self.id, &policy),
             ..self.clone()
         })
     }

@@ -19,11 +19,24 @@ use crate::limits;
 use crate::policy::Policy;
 
 /// The namespace an operation is for: its id and the policy of the handle (which a
-/// per-call ttl may have changed).
+/// per-call ttl may have changed), in ms, computed once per handle.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Scope {
     pub id: u32,
-    pub policy: Policy,
+    pub ttl_ms: u64,
+    pub lease_ms: u64,
+    pub max_attempts: u32,
+}
+
+impl Scope {
+    pub(crate) fn new(id: u32, policy: &Policy) -> Scope {
+        Scope {
+            id,
+            ttl_ms: policy.ttl_ms(),
+            lease_ms: policy.lease_ms(),
+            max_attempts: policy.max_attempts,
+        }
+    }
 }
 
 /// What `begin` found, before the public face wraps an acquisition in a `Claim`.
@@ -94,7 +107,7 @@ impl Engine {
         id: &[u8],
     ) -> Result<Pending<Outcome>, Error> {
         let request = Request::CheckAndSet {
-            ttl_ms: namespace.policy.ttl_ms(),
+            ttl_ms: namespace.ttl_ms,
         };
         let pending = self.apply(namespace.id, id, &request)?;
         let outcome = match pending.value {
@@ -171,11 +184,10 @@ impl Engine {
         payload_fp: Option<u64>,
     ) -> Result<Pending<Began>, Error> {
         self.check_write(id)?;
-        let policy = namespace.policy;
         let request = Request::Begin {
-            ttl_ms: policy.ttl_ms(),
-            lease_ms: policy.lease_ms(),
-            max_attempts: policy.max_attempts,
+            ttl_ms: namespace.ttl_ms,
+            lease_ms: namespace.lease_ms,
+            max_attempts: namespace.max_attempts,
             payload_fp,
         };
         let pending = self.apply(namespace.id, id, &request)?;
@@ -194,9 +206,9 @@ impl Engine {
                 record: Some(record),
                 ..
             } => match kept {
-                Kept::InProgress => Began::InProgress(record),
-                Kept::Completed => Began::Completed(record),
-                Kept::Exhausted => Began::Exhausted(record),
+                Kept::InProgress => Began::InProgress(*record),
+                Kept::Completed => Began::Completed(*record),
+                Kept::Exhausted => Began::Exhausted(*record),
                 other => unreachable!("begin kept {other:?}"),
             },
             Applied::Kept { kept, .. } => unreachable!("begin kept {kept:?} with no record"),
@@ -232,7 +244,7 @@ impl Engine {
         let request = Request::Resolve {
             attempt,
             lsn,
-            ttl_ms: namespace.policy.ttl_ms(),
+            ttl_ms: namespace.ttl_ms,
             how,
         };
         let pending = self.apply(namespace.id, id, &request)?;

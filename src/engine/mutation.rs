@@ -28,11 +28,12 @@ pub(super) struct Found {
 /// What `Inner::apply` did.
 #[derive(Debug)]
 pub(super) enum Applied {
-    /// Nothing written. `record` is the key's live record when `kept` reports it.
+    /// Nothing written. `record` is the key's live record when a `begin` answer
+    /// reports it (boxed: the hot answers, duplicates, carry none).
     Kept {
         kept: Kept,
         current: Option<Current>,
-        record: Option<Record>,
+        record: Option<Box<Record>>,
     },
     /// A record was appended.
     Written { lsn: Lsn, claim: ClaimFields },
@@ -48,6 +49,7 @@ pub(crate) struct Pending<T> {
 
 impl Engine {
     /// The key `(namespace_id, id)` in a locked shard, verified against its record.
+    #[inline]
     pub(super) fn find(
         &self,
         shard: &Shard,
@@ -100,7 +102,9 @@ impl Engine {
         })
     }
 
-    /// Runs `request` on `(namespace_id, id)`: the one mutation skeleton.
+    /// Runs `request` on `(namespace_id, id)`: the one mutation skeleton. Inlined
+    /// into each operation, so the decision for its request folds to its one arm.
+    #[inline(always)]
     pub(super) fn apply(
         &self,
         namespace_id: u32,
@@ -129,7 +133,7 @@ impl Engine {
                     let reports = kept.reports_live_record();
                     let record = match (reports, &live) {
                         (true, Some(live)) if !matches!(kept, Kept::Duplicate) => {
-                            Some(self.public_record(&shard, live)?)
+                            Some(Box::new(self.public_record(&shard, live)?))
                         }
                         _ => None,
                     };
@@ -188,6 +192,7 @@ impl Engine {
 }
 
 /// The counter of an answer that wrote nothing.
+#[inline(always)]
 fn kept_counter(request: &Request<'_>, kept: Kept) -> Option<Counter> {
     Some(match (request, kept) {
         (Request::CheckAndSet { .. }, Kept::Duplicate) => Counter::CheckAndSetDuplicate,
@@ -199,6 +204,7 @@ fn kept_counter(request: &Request<'_>, kept: Kept) -> Option<Counter> {
 }
 
 /// The counter of a request that wrote.
+#[inline(always)]
 fn written_counter(request: &Request<'_>) -> Option<Counter> {
     use crate::lifecycle::Resolution;
     Some(match request {

@@ -16,13 +16,21 @@ use crate::clock::UnixMs;
 pub(crate) const STEPS_PER_SPAN: u64 = 1024;
 
 /// The step a deadline `span_ms` from now is rounded up to.
+#[inline]
 pub(crate) fn rounding_ms(bucket_width_ms: u64, span_ms: u64) -> u64 {
     debug_assert!(bucket_width_ms > 0);
-    bucket_width_ms * (span_ms / STEPS_PER_SPAN / bucket_width_ms).max(1)
+    // Spans under two steps of the widest kind keep the width (no division on the
+    // hot path for the usual ttls).
+    let steps_of_width = STEPS_PER_SPAN.saturating_mul(bucket_width_ms);
+    if span_ms < steps_of_width.saturating_mul(2) {
+        return bucket_width_ms;
+    }
+    bucket_width_ms * (span_ms / steps_of_width)
 }
 
 /// The bucket deadline of a record written at `now` that must be remembered until
 /// at least `until`.
+#[inline]
 pub(crate) fn bucket_deadline(bucket_width_ms: u64, now: UnixMs, until: UnixMs) -> UnixMs {
     let rounding = rounding_ms(bucket_width_ms, until.0.saturating_sub(now.0));
     let deadline = until.0.div_ceil(rounding).saturating_mul(rounding);
