@@ -357,11 +357,16 @@ fn print_report(
         println!("{margin}between two messages or in a batch's fsync); more --crashes hit one");
     } else {
         println!(
-            "  kills       {} open when their consumer was killed; once the lease ran out,",
+            "  kills       {} open when their consumer was killed; the next open released",
             plural(reconciled + on_retry, "claim was", "claims were")
         );
         println!(
-            "{margin}the next consumer re-acquired {} as a new attempt and checked the ledger:",
+            "{margin}{} (its process was gone); the next consumer re-acquired {} and checked the ledger:",
+            if reconciled + on_retry == 1 {
+                "it"
+            } else {
+                "them"
+            },
             if reconciled + on_retry == 1 {
                 "it"
             } else {
