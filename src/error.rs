@@ -48,10 +48,12 @@ pub enum Error {
         /// The directory that is held.
         path: PathBuf,
     },
-    /// A file failed its checksum or structure check. At open only in `strict` mode (by
-    /// default damaged records are skipped and counted in `Stats`); in any mode when
-    /// a record the index names no longer reads back (a segment missing or damaged
-    /// under the running store), and when a segment a checkpoint lists cannot be used.
+    /// A file failed its checksum or structure check. At open: a damaged record or
+    /// segment header only in `strict` mode (by default they are skipped and counted in
+    /// `Stats`); in any mode, records naming a namespace `NAMESPACES` does not hold, or
+    /// a damaged `NAMESPACES` entry that valid ones follow. While the store runs, in any
+    /// mode: a record the index names no longer reads back (a segment missing or
+    /// damaged under the running store).
     Corruption(Corruption),
     /// The store was opened read-only (`StoreBuilder::read_only`): it answers reads and
     /// refuses every write.

@@ -1,6 +1,6 @@
 //! The key's state machine, as pure functions: from the key's newest record (if
 //! any), the time and a request, the answer, or the record to append. No locks, no
-//! I/O; `store::mutation` runs the decision under the key's shard lock and writes
+//! I/O; `engine::mutation` runs the decision under the key's shard lock and writes
 //! what it says. `docs/ARCHITECTURE.md`'s decision table is this file's `decide`.
 
 use crate::addr::Lsn;

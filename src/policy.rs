@@ -14,7 +14,8 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Keys are remembered for at least `ttl` (and at most `ttl` + one bucket width).
+    /// Keys are remembered for at least `ttl` (and at most `max(bucket width, ttl / 1024)`
+    /// longer, docs/CONTRACT.md §1.3).
     /// The lease defaults to 30 s and attempts are unlimited.
     pub fn ttl(ttl: Duration) -> Policy {
         Policy {

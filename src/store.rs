@@ -45,8 +45,8 @@ impl StoreBuilder {
         self
     }
 
-    /// Width of an expiry bucket (default 1 min, at least 1 s). A key is remembered
-    /// for at most its ttl plus one width.
+    /// Width of an expiry bucket (default 1 min, 1 s to 1 day). A key is remembered
+    /// for at most its ttl plus `max(width, ttl / 1024)` (docs/CONTRACT.md §1.3).
     pub fn bucket_width(mut self, width: Duration) -> Self {
         self.options.bucket_width_ms = duration_ms_ceil(width);
         self

@@ -1,7 +1,8 @@
 //! Guards the read-only open (docs/CONTRACT.md §3.4): it shares the directory lock
 //! with every other open, answers reads, refuses every write with `Error::ReadOnly`,
 //! creates nothing where there is no store, and leaves the directory as it found it
-//! (byte for byte, name for name), even a store a crash left with a torn tail.
+//! (byte for byte, name for name). A store a crash left with a torn tail is the case
+//! of `tests/cli_tools.rs` and `tests/verify_open_agree.rs`.
 
 use std::collections::BTreeMap;
 use std::path::Path;

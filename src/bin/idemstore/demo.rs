@@ -22,9 +22,11 @@
 //!
 //! 1. Before `begin` wrote its record: nothing happened. The order is redelivered
 //!    and acquired as attempt 1, and deducted once.
-//! 2. After `begin`, before the ledger append: the order is `InProgress` under a dead
-//!    consumer's lease. When the lease runs out the next consumer acquires it as
-//!    attempt 2; the ledger has no line for it, so it deducts once.
+//! 2. After `begin`, before the ledger append: the order is `InProgress` under the
+//!    killed consumer's claim. The next consumer's open releases that claim (the
+//!    directory lock proves its holder is gone, docs/CONTRACT.md §3.6), so the
+//!    redelivery acquires it at once as attempt 2; the ledger has no line for it, so
+//!    it deducts once.
 //! 3. After the ledger append, before `complete`: the same attempt 2, but this time
 //!    the ledger has the deduction, so the consumer completes without deducting
 //!    ("reconciled").
@@ -41,9 +43,10 @@
 //! back. With the claim lifecycle the report can truthfully say 0 orders deducted
 //! twice and 0 orders never deducted; the demo exits 1 if either is not 0.
 //!
-//! The consumers' leases are the real 30 s. A restart after a kill "takes" one lease:
-//! the broker starts the next consumer with its clock 31 s further ahead (a
-//! [`consumer::ShiftedClock`]), instead of the demo sleeping.
+//! The consumers' leases are the real 30 s, but a killed consumer's claims do not
+//! wait for them: the next consumer's open releases them. The broker still starts the
+//! next consumer with its clock 31 s further ahead (a [`consumer::ShiftedClock`]),
+//! standing for the time a restart takes.
 
 mod broker;
 pub mod consumer;
