@@ -62,7 +62,7 @@ impl Default for Options {
 impl Options {
     pub(crate) fn validate(&self) -> Result<(), Error> {
         if let Durability::Interval(d) = self.durability
-            && (d.is_zero() || d > Duration::from_secs(3600))
+            && (d < Duration::from_millis(1) || d > Duration::from_secs(3600))
         {
             return Err(Error::invalid_option(format!(
                 "Durability::Interval({d:?}): the interval must be between 1 ms and 1 hour"

@@ -17,7 +17,7 @@ pub const PLANTED_BUGS: [&str; 5] = [
     "ignore-fsync-error",
     // The scan treats the first damaged record as the end even if valid ones follow.
     "eager-torn-tail",
-    // Log::bucket_deadline rounds one bucket width early.
+    // expiry::deadline::bucket_deadline rounds one step early.
     "early-expiry",
 ];
 

@@ -178,12 +178,11 @@ async fn run() -> Result<()> {
                 }
             }
             Settle::RequeueAfter(lease_until) => {
-                // Another claim holds a live lease. Only one process can open the
-                // store, so after a restart that is the claim of the consumer that was
-                // killed mid-message. Requeueing at once would make RabbitMQ hand the
-                // message straight back, over and over until the lease ran out; instead
-                // wait it out (at most one lease, once per crash), then requeue: the
-                // redelivery acquires the order as a new attempt.
+                // Another claim holds a live lease: only this process can have taken
+                // it (a killed predecessor's claims are released when the store
+                // opens). Requeueing at once would make RabbitMQ hand the message
+                // straight back, over and over until the lease ran out; instead wait
+                // it out (at most one lease), then requeue.
                 acks.send().await?;
                 let wait = lease_until.0.saturating_sub(SystemClock.now().0) + 50;
                 tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -244,9 +243,9 @@ fn handle(inventory: &Namespace, ledger: &mut Ledger, id: &str, body: &[u8]) -> 
                 return Ok(Settle::DeadLetter("failed"));
             };
             // The crash window. A consumer killed after its deduction reached the
-            // ledger but before `complete` leaves the order in progress under a dead
-            // lease: RabbitMQ redelivers it (never acked), and once the lease has run
-            // out `begin` acquires it again with `attempt() > 1`. Attempt 1 means no
+            // ledger but before `complete` leaves the order in progress: RabbitMQ
+            // redelivers it (never acked), the restarted consumer's open releases the
+            // dead claim, and `begin` acquires it again with `attempt() > 1`. Attempt 1 means no
             // claim ever held the order, so nothing was deducted for it; only a later
             // attempt may find its side effect already done, so only then is the
             // ledger consulted: a handful of orders per crash, not every delivery.

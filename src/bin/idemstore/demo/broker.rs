@@ -399,7 +399,8 @@ pub fn run(exe: &Path, traffic: &Traffic, pass: &Pass) -> Result<PassReport> {
                 for &tag in batch.iter().rev() {
                     pending.push_front(tag);
                 }
-                // The restart takes a lease's time: the killed consumer's claims expire.
+                // The restart takes time (a lease's worth); the killed consumer's claims
+                // are released by the new consumer's open whatever the clock says.
                 clock_offset_ms += lease_ms + 1_000;
                 consumer = start_consumer(&mut report, clock_offset_ms)?;
             }
