@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::addr::Lsn;
 use crate::answer::{Imported, Outcome, Record};
 use crate::clock::{UnixMs, duration_ms_ceil};
+use crate::durable::Durable;
 use crate::engine::{Began, Engine, Pending, Resolved, Scope};
 use crate::error::Error;
 use crate::lifecycle::Resolution;
@@ -66,6 +67,13 @@ impl Namespace {
     }
 
     fn begin_scoped(&self, id: &[u8], payload_fp: Option<u64>) -> Result<Begin, Error> {
+        // On a failed wait an acquired claim drops here and is released (best effort).
+        self.inner.settle(self.begin_pending(id, payload_fp)?)
+    }
+
+    /// `begin` applied, its answer built (a `Claim` for an acquisition), before the
+    /// durability wait.
+    fn begin_pending(&self, id: &[u8], payload_fp: Option<u64>) -> Result<Pending<Begin>, Error> {
         let pending = self.inner.begin(self.scope(), id, payload_fp)?;
         let answer = match pending.value {
             Began::Acquired {
@@ -84,11 +92,46 @@ impl Namespace {
             Began::Completed(record) => Begin::Completed(record),
             Began::Exhausted(record) => Begin::Exhausted(record),
         };
-        // On a failed wait an acquired claim drops here and is released (best effort).
-        self.inner.settle(Pending {
+        Ok(Pending {
             value: answer,
             wait: pending.wait,
         })
+    }
+
+    /// [`check_and_set`](Namespace::check_and_set) for async consumers: the mark is
+    /// decided and written when this is called (atomically, as the blocking call);
+    /// only the wait for durability is the future's, woken by the commit thread, so an
+    /// executor thread never blocks and many calls share one fsync.
+    pub fn check_and_set_async(&self, id: impl AsRef<[u8]>) -> Durable<Outcome> {
+        Durable::applied(
+            &self.inner,
+            self.inner.check_and_set_pending(self.scope(), id.as_ref()),
+        )
+    }
+
+    /// [`check_and_set_many`](Namespace::check_and_set_many) with one durability wait
+    /// for the batch, as a future.
+    pub fn check_and_set_many_async<I: AsRef<[u8]>>(&self, ids: &[I]) -> Durable<Vec<Outcome>> {
+        match self.inner.check_and_set_many_pending(self.scope(), ids) {
+            Ok(pending) => Durable::after(&self.inner, pending),
+            Err(e) => Durable::ready(Err(e)),
+        }
+    }
+
+    /// [`begin`](Namespace::begin) for async consumers: the claim is acquired (or the
+    /// answer decided) when this is called; the future resolves once it may be acted
+    /// on. Dropped before it resolves, an acquired claim is released.
+    pub fn begin_async(&self, id: impl AsRef<[u8]>) -> Durable<Begin> {
+        Durable::applied(&self.inner, self.begin_pending(id.as_ref(), None))
+    }
+
+    /// [`begin_with_payload`](Namespace::begin_with_payload) for async consumers.
+    pub fn begin_with_payload_async(&self, id: impl AsRef<[u8]>, payload: &[u8]) -> Durable<Begin> {
+        let fingerprint = xxhash_rust::xxh3::xxh3_64(payload);
+        Durable::applied(
+            &self.inner,
+            self.begin_pending(id.as_ref(), Some(fingerprint)),
+        )
     }
 
     /// The namespace's name.
@@ -248,14 +291,66 @@ impl Claim {
 
     /// Extends the lease to `lease` from now.
     pub fn extend(&mut self, lease: Duration) -> Result<(), Error> {
+        let pending = self.extend_pending(lease)?;
+        self.namespace.inner.settle(pending)
+    }
+
+    /// [`complete`](Claim::complete), with the durability wait as a future: the key
+    /// is completed when this is called; the future resolves once that may be acted
+    /// on (in `Durability::Immediate`, after the sync that covers it).
+    pub fn complete_async(mut self, result: Option<&[u8]>) -> Durable<()> {
+        let completed = self.resolve_pending(Resolution::Complete(result));
+        self.resolved = !matches!(completed, Err(Error::ResultTooLarge { .. }));
+        self.durable(completed)
+    }
+
+    /// [`release`](Claim::release), with the durability wait as a future.
+    pub fn release_async(mut self) -> Durable<()> {
+        self.resolved = true;
+        let released = self.resolve_pending(Resolution::Release);
+        self.durable(released)
+    }
+
+    /// [`fail`](Claim::fail), with the durability wait as a future.
+    pub fn fail_async(mut self) -> Durable<()> {
+        self.resolved = true;
+        let failed = self.resolve_pending(Resolution::Fail);
+        self.durable(failed)
+    }
+
+    /// [`extend`](Claim::extend), with the durability wait as a future: the lease is
+    /// extended when this is called.
+    pub fn extend_async(&mut self, lease: Duration) -> Durable<()> {
+        let extended = self.extend_pending(lease);
+        Durable::applied(&self.namespace.inner, extended)
+    }
+
+    fn extend_pending(&mut self, lease: Duration) -> Result<Pending<()>, Error> {
         let lease_ms = duration_ms_ceil(lease);
-        let resolved = self.resolve(Resolution::Extend(lease_ms))?;
-        self.lease_until = resolved.lease_until;
-        self.lsn = resolved.lsn;
-        Ok(())
+        let pending = self.resolve_pending(Resolution::Extend(lease_ms))?;
+        // The write is made: from now on the claim is this record's acquisition.
+        self.lease_until = pending.value.lease_until;
+        self.lsn = pending.value.lsn;
+        Ok(Pending {
+            value: (),
+            wait: pending.wait,
+        })
+    }
+
+    fn durable(&self, resolved: Result<Pending<Resolved>, Error>) -> Durable<()> {
+        let done = resolved.map(|pending| Pending {
+            value: (),
+            wait: pending.wait,
+        });
+        Durable::applied(&self.namespace.inner, done)
     }
 
     fn resolve(&self, how: Resolution<'_>) -> Result<Resolved, Error> {
+        let pending = self.resolve_pending(how)?;
+        self.namespace.inner.settle(pending)
+    }
+
+    fn resolve_pending(&self, how: Resolution<'_>) -> Result<Pending<Resolved>, Error> {
         self.namespace.inner.resolve(
             self.namespace.scope(),
             &self.id,

@@ -9,7 +9,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
 pub const PLANTED_BUGS: [&str; 5] = [
-    // Committer::wait_durable returns once the sync is requested, before it completes.
+    // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
     "skip-dir-fsync",

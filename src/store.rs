@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::answer::Record;
 use crate::clock::{Clock, duration_ms_ceil};
+use crate::durable::Durable;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::io::{OsVfs, Vfs};
@@ -152,6 +153,14 @@ impl Store {
     /// Makes every operation acknowledged so far durable, whatever the durability mode.
     pub fn flush(&self) -> Result<(), Error> {
         self.inner.flush()
+    }
+
+    /// [`flush`](Store::flush) as a future, woken by the commit thread.
+    pub fn flush_async(&self) -> Durable<()> {
+        match self.inner.flush_ticket() {
+            Ok(pending) => Durable::after(&self.inner, pending),
+            Err(e) => Durable::ready(Err(e)),
+        }
     }
 
     /// Expires every bucket whose deadline has passed now, instead of waiting for the

@@ -101,11 +101,12 @@ impl Engine {
         self.validate_id(id)
     }
 
-    fn check_and_set_pending(
+    pub(crate) fn check_and_set_pending(
         &self,
         namespace: Scope,
         id: &[u8],
     ) -> Result<Pending<Outcome>, Error> {
+        self.check_write(id)?;
         let request = Request::CheckAndSet {
             ttl_ms: namespace.ttl_ms,
         };
@@ -127,7 +128,6 @@ impl Engine {
     }
 
     pub(crate) fn check_and_set(&self, namespace: Scope, id: &[u8]) -> Result<Outcome, Error> {
-        self.check_write(id)?;
         let pending = self.check_and_set_pending(namespace, id)?;
         self.settle(pending)
     }
@@ -137,6 +137,19 @@ impl Engine {
         namespace: Scope,
         ids: &[I],
     ) -> Result<Vec<Outcome>, Error> {
+        let pending = self.check_and_set_many_pending(namespace, ids)?;
+        let wait = pending.wait;
+        self.settle(Pending { value: (), wait })?;
+        pending.value
+    }
+
+    /// `check_and_set_many` before its durability wait: the outcomes, or the
+    /// `PartialBatch` error of a batch that stopped partway (its applied ids wait too).
+    pub(crate) fn check_and_set_many_pending<I: AsRef<[u8]>>(
+        &self,
+        namespace: Scope,
+        ids: &[I],
+    ) -> Result<Pending<Result<Vec<Outcome>, Error>>, Error> {
         self.check_writable()?;
         if ids.len() > limits::BATCH_LEN_MAX {
             return Err(Error::invalid_option(format!(
@@ -164,15 +177,20 @@ impl Engine {
                 // answered `First`, or a retry of the whole batch would get `Duplicate`
                 // for them and nobody would process those messages.
                 Err(e) => {
-                    let outcomes = self.settle(outcomes)?;
-                    return Err(Error::PartialBatch {
-                        outcomes,
-                        source: Box::new(e),
+                    return Ok(Pending {
+                        value: Err(Error::PartialBatch {
+                            outcomes: outcomes.value,
+                            source: Box::new(e),
+                        }),
+                        wait: outcomes.wait,
                     });
                 }
             }
         }
-        self.settle(outcomes)
+        Ok(Pending {
+            value: Ok(outcomes.value),
+            wait: outcomes.wait,
+        })
     }
 
     /// `begin`; the caller settles the durability wait once it holds the claim, so
@@ -220,7 +238,7 @@ impl Engine {
     }
 
     /// Completes, releases, fails or extends the claim `attempt` on `id` whose last
-    /// record has `lsn`.
+    /// record has `lsn`; the caller settles the durability wait.
     pub(crate) fn resolve(
         &self,
         namespace: Scope,
@@ -228,7 +246,7 @@ impl Engine {
         attempt: u32,
         lsn: Lsn,
         how: Resolution<'_>,
-    ) -> Result<Resolved, Error> {
+    ) -> Result<Pending<Resolved>, Error> {
         self.check_writable()?;
         if let Resolution::Complete(Some(result)) = how
             && result.len() > self.options.max_result_len
@@ -255,7 +273,7 @@ impl Engine {
             },
             Applied::Kept { .. } => return Err(Error::ClaimLost),
         };
-        self.settle(Pending {
+        Ok(Pending {
             value: resolved,
             wait: pending.wait,
         })

@@ -176,6 +176,15 @@ impl Engine {
         self.committer.wait_durable()
     }
 
+    /// `flush` before its wait: always waits, whatever the durability mode.
+    pub(crate) fn flush_ticket(&self) -> Result<Pending<Result<(), Error>>, Error> {
+        self.check_writable()?;
+        Ok(Pending {
+            value: Ok(()),
+            wait: true,
+        })
+    }
+
     pub(crate) fn expire_now(&self) -> Result<u64, Error> {
         self.check_writable()?;
         self.reap()
@@ -205,6 +214,25 @@ impl Engine {
             return Err(Error::ReadOnly);
         }
         Ok(())
+    }
+
+    /// A commit ticket covering every write made so far (`Durable`).
+    pub(crate) fn commit_ticket(&self) -> Result<u64, Error> {
+        self.committer.ticket()
+    }
+
+    /// Polls a commit ticket, registering `cx`'s waker with the commit thread.
+    pub(crate) fn poll_commit(
+        &self,
+        ticket: u64,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Error>> {
+        self.committer.poll(ticket, cx)
+    }
+
+    /// Drops the waker of a ticket whose future was dropped.
+    pub(crate) fn forget_commit(&self, ticket: u64) {
+        self.committer.forget(ticket);
     }
 
     /// Records the latency of a call started at `started` (`operations::start_timer`).

@@ -1,8 +1,14 @@
 //! Group commit: one thread syncs the log; callers that need durability wait for the
 //! round that covers their write, so concurrent callers share one fsync.
+//!
+//! A caller takes a *ticket* after its write; the round that completes it covers the
+//! write. Blocking callers wait for their ticket on the condition variable; futures
+//! (`Durable`) register a `Waker` for it, which the commit thread wakes when a round
+//! covers the ticket, fails, or the store closes. One mechanism, two ways to wait.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +26,8 @@ struct State {
     completed: u64,
     /// A sync failed: the log's poison holds the error.
     failed: bool,
+    /// Futures waiting for their ticket, woken by the commit thread.
+    wakers: Vec<(u64, Waker)>,
     stop: bool,
 }
 
@@ -49,30 +57,83 @@ impl Committer {
 
     /// Waits until every write made before this call is durable.
     pub(crate) fn wait_durable(&self) -> Result<(), Error> {
+        let ticket = self.ticket()?;
+        self.wait(ticket)
+    }
+
+    /// A ticket covering every write made before this call; the commit thread is
+    /// asked for a round.
+    pub(crate) fn ticket(&self) -> Result<u64, Error> {
         self.waits.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
         if state.stop {
             return Err(Error::Closed);
         }
         state.requested += 1;
-        let ticket = state.requested;
         self.wake.notify_all();
-        #[cfg(feature = "planted-bugs")]
-        if crate::planted::planted("ack-before-fsync") {
-            return Ok(());
-        }
+        Ok(state.requested)
+    }
+
+    /// Blocks until `ticket` is covered by a completed sync.
+    pub(crate) fn wait(&self, ticket: u64) -> Result<(), Error> {
+        let mut state = self.state.lock();
         loop {
-            if state.failed || self.poison.is_set() {
-                return Err(self.poisoned());
-            }
-            if state.completed >= ticket {
-                return Ok(());
-            }
-            if state.stop {
-                return Err(Error::Closed);
+            if let Some(answer) = self.answer(&state, ticket) {
+                return answer;
             }
             self.wake.wait(&mut state);
         }
+    }
+
+    /// `Ready` once `ticket` is covered by a completed sync (or never will be);
+    /// else registers `cx`'s waker, which the commit thread wakes.
+    pub(crate) fn poll(&self, ticket: u64, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let mut state = self.state.lock();
+        if let Some(answer) = self.answer(&state, ticket) {
+            return Poll::Ready(answer);
+        }
+        match state.wakers.iter_mut().find(|(t, _)| *t == ticket) {
+            Some((_, waker)) => waker.clone_from(cx.waker()),
+            None => state.wakers.push((ticket, cx.waker().clone())),
+        }
+        Poll::Pending
+    }
+
+    /// Forgets the waker of a ticket whose future was dropped before it resolved.
+    pub(crate) fn forget(&self, ticket: u64) {
+        self.state.lock().wakers.retain(|(t, _)| *t != ticket);
+    }
+
+    /// The answer for `ticket` if it has one now.
+    fn answer(&self, state: &State, ticket: u64) -> Option<Result<(), Error>> {
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted::planted("ack-before-fsync") {
+            return Some(Ok(()));
+        }
+        if state.failed || self.poison.is_set() {
+            return Some(Err(self.poisoned()));
+        }
+        if state.completed >= ticket {
+            return Some(Ok(()));
+        }
+        if state.stop {
+            return Some(Err(Error::Closed));
+        }
+        None
+    }
+
+    /// Wakes the futures whose ticket is answered now (all of them after a failure
+    /// or at stop). Called with the state locked, after it changed.
+    fn wake_answered(&self, state: &mut State) {
+        let all = state.failed || state.stop || self.poison.is_set();
+        let completed = state.completed;
+        state.wakers.retain(|(ticket, waker)| {
+            let answered = all || *ticket <= completed;
+            if answered {
+                waker.wake_by_ref();
+            }
+            !answered
+        });
     }
 
     /// Starts the commit thread. With `interval`, it also syncs on that period.
@@ -101,6 +162,7 @@ impl Committer {
                 loop {
                     if state.failed {
                         // Poisoned: nothing more will be synced; wake anyone waiting.
+                        self.wake_answered(&mut state);
                         self.wake.notify_all();
                         if state.stop {
                             return;
@@ -152,6 +214,7 @@ impl Committer {
                     state.failed = true;
                 }
             }
+            self.wake_answered(&mut state);
             self.wake.notify_all();
         }
     }
@@ -160,6 +223,7 @@ impl Committer {
     pub(crate) fn stop(&self) {
         let mut state = self.state.lock();
         state.stop = true;
+        self.wake_answered(&mut state);
         self.wake.notify_all();
     }
 
