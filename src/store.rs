@@ -155,6 +155,13 @@ impl Store {
         self.inner.flush()
     }
 
+    /// Futures' wakers the commit thread holds (test support: cancellation must not
+    /// leak them).
+    #[cfg(feature = "testing")]
+    pub(crate) fn pending_wakers(&self) -> usize {
+        self.inner.pending_wakers()
+    }
+
     /// [`flush`](Store::flush) as a future, woken by the commit thread.
     pub fn flush_async(&self) -> Durable<()> {
         match self.inner.flush_ticket() {

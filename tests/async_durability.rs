@@ -241,3 +241,88 @@ fn dropping_a_begin_future_releases_its_claim() {
     assert_eq!(ns.get("job-1").unwrap().unwrap().status, Status::Completed);
     store.close().unwrap();
 }
+
+#[test]
+fn futures_dropped_at_random_points_leak_no_claim_and_no_waker() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = immediate(dir.path());
+    let ns = store.namespace("jobs", policy()).unwrap();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let noop = Waker::noop();
+    let mut cx = Context::from_waker(noop);
+    for round in 0..200 {
+        let complete = |answer: Result<Begin, Error>| match answer.unwrap() {
+            Begin::Acquired(claim) => claim.complete_async(None).await_blocking(),
+            other => panic!("{other:?}"),
+        };
+        let mut futures: Vec<_> = (0..16)
+            .map(|i| Some(ns.begin_async(format!("job-{round}-{i}"))))
+            .collect();
+        // Poll some once (registering a waker if pending; a resolved one is done),
+        // then drop all but a few.
+        for slot in futures.iter_mut() {
+            if next() % 2 == 0
+                && let Some(future) = slot
+                && let Poll::Ready(answer) = std::pin::Pin::new(future).poll(&mut cx)
+            {
+                complete(answer);
+                *slot = None;
+            }
+        }
+        let keep = (next() % 4) as usize;
+        let kept: Vec<_> = futures.drain(..keep).flatten().collect();
+        drop(futures);
+        for future in kept {
+            complete(block_on(future));
+        }
+    }
+    block_on(store.flush_async()).unwrap();
+    assert_eq!(testing::pending_wakers(&store), 0, "wakers leaked");
+    let stats = store.stats();
+    assert_eq!(stats.in_progress, 0, "claims leaked: {stats:?}");
+    assert_eq!(stats.completed + stats.released, 200 * 16);
+    store.close().unwrap();
+}
+
+#[test]
+fn closing_the_store_resolves_pending_futures_with_closed() {
+    let vfs = SimVfs::new();
+    let store = testing::open(
+        Store::builder("/sim/store").durability(Durability::Immediate),
+        &vfs,
+    )
+    .unwrap();
+    let ns = store.namespace("orders", policy()).unwrap();
+    // A sync that never completes: the futures wait until the close.
+    vfs.fail(CallKind::SegmentSync, 1, true);
+    let pending: Vec<_> = (0..10)
+        .map(|i| ns.check_and_set_async(format!("order-{i}")))
+        .collect();
+    let _ = store.close();
+    for future in pending {
+        assert!(
+            matches!(
+                block_on(future),
+                Err(Error::Closed | Error::Poisoned { .. })
+            ),
+            "a pending future outlived the close"
+        );
+    }
+    assert_eq!(testing::pending_wakers(&store), 0);
+}
+
+trait AwaitBlocking {
+    fn await_blocking(self);
+}
+
+impl AwaitBlocking for idemstore::Durable<()> {
+    fn await_blocking(self) {
+        block_on(self).unwrap();
+    }
+}

@@ -230,6 +230,12 @@ impl Engine {
         self.committer.poll(ticket, cx)
     }
 
+    /// Wakers the commit thread holds now.
+    #[cfg(feature = "testing")]
+    pub(crate) fn pending_wakers(&self) -> usize {
+        self.committer.pending_wakers()
+    }
+
     /// Drops the waker of a ticket whose future was dropped.
     pub(crate) fn forget_commit(&self, ticket: u64) {
         self.committer.forget(ticket);

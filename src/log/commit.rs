@@ -99,6 +99,11 @@ impl Committer {
         Poll::Pending
     }
 
+    /// Wakers registered and not yet woken or forgotten (for tests of cancellation).
+    pub(crate) fn pending_wakers(&self) -> usize {
+        self.state.lock().wakers.len()
+    }
+
     /// Forgets the waker of a ticket whose future was dropped before it resolved.
     pub(crate) fn forget(&self, ticket: u64) {
         self.state.lock().wakers.retain(|(t, _)| *t != ticket);

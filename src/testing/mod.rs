@@ -22,6 +22,12 @@ pub fn open(builder: StoreBuilder, vfs: &SimVfs) -> Result<Store, Error> {
     builder.open_on(Arc::new(vfs.clone()))
 }
 
+/// How many futures' wakers the store's commit thread holds: none once every
+/// `Durable` future resolved or was dropped.
+pub fn pending_wakers(store: &Store) -> usize {
+    store.pending_wakers()
+}
+
 /// [`crate::verify`] of the store in `dir` on the simulated file system `vfs`, at the
 /// time `now` (which decides the expired segments).
 pub fn verify(vfs: &SimVfs, dir: &Path, now: UnixMs) -> Result<VerifyReport, Error> {

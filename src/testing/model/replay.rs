@@ -166,19 +166,30 @@ impl<'a> Replay<'a> {
     pub fn apply(&mut self, op: Op) -> Result<(), String> {
         self.step += 1;
         let step = self.step;
+        // Odd steps call the async forms (awaited on a minimal executor), even steps
+        // the blocking ones: one model holds both to the same contract.
+        let async_call = step % 2 == 1;
         self.model.observe(self.clock.now().0);
         match op {
             Op::CheckAndSet { ns, key, ttl } => {
                 let (handle, ttl_ms) = self.handle(ns, ttl);
-                let got = handle.check_and_set(id(key)).map_err(|e| ErrKind::of(&e));
+                let got = if async_call {
+                    block_on(handle.check_and_set_async(id(key)))
+                } else {
+                    handle.check_and_set(id(key))
+                };
+                let got = got.map_err(|e| ErrKind::of(&e));
                 let want = Ok(self.model.check_and_set(ns, key, ttl_ms));
                 check_eq!(step, got, want, "check_and_set {ns} {key}");
             }
             Op::CheckAndSetMany { ns, keys } => {
                 let ids: Vec<String> = keys.iter().map(|&k| id(k)).collect();
-                let got = self.namespaces[ns]
-                    .check_and_set_many(&ids)
-                    .map_err(|e| ErrKind::of(&e));
+                let got = if async_call {
+                    block_on(self.namespaces[ns].check_and_set_many_async(&ids))
+                } else {
+                    self.namespaces[ns].check_and_set_many(&ids)
+                };
+                let got = got.map_err(|e| ErrKind::of(&e));
                 let want: Vec<Outcome> = keys
                     .iter()
                     .map(|&k| self.model.check_and_set(ns, k, NAMESPACES[ns].1))
@@ -192,9 +203,13 @@ impl<'a> Replay<'a> {
                 ttl,
             } => {
                 let (handle, ttl_ms) = self.handle(ns, ttl);
-                let got = match payload {
-                    Some(p) => handle.begin_with_payload(id(key), &[p, 7, 7]),
-                    None => handle.begin(id(key)),
+                let got = match (payload, async_call) {
+                    (Some(p), false) => handle.begin_with_payload(id(key), &[p, 7, 7]),
+                    (Some(p), true) => {
+                        block_on(handle.begin_with_payload_async(id(key), &[p, 7, 7]))
+                    }
+                    (None, false) => handle.begin(id(key)),
+                    (None, true) => block_on(handle.begin_async(id(key))),
                 };
                 let want = self.model.begin(ns, key, payload, ttl_ms);
                 let got_answer = got.as_ref().map(BeginAnswer::of).map_err(ErrKind::of);
@@ -216,9 +231,12 @@ impl<'a> Replay<'a> {
                 let Held { claim, model: h } = self.held.remove(claim % self.held.len());
                 let result: Option<Vec<u8>> =
                     result_len.map(|len| (0..len).map(|i| (step + i) as u8).collect());
-                let got = claim
-                    .complete(result.as_deref())
-                    .map_err(|e| ErrKind::of(&e));
+                let got = if async_call {
+                    block_on(claim.complete_async(result.as_deref()))
+                } else {
+                    claim.complete(result.as_deref())
+                };
+                let got = got.map_err(|e| ErrKind::of(&e));
                 let want = self.model.resolve(&h, How::Complete(result)).map(|_| ());
                 check_eq!(step, got, want, "complete {} {}", h.ns, h.key);
             }
@@ -229,12 +247,22 @@ impl<'a> Replay<'a> {
                 let Held { claim: c, model: h } = self.held.remove(claim % self.held.len());
                 match op {
                     Op::Release { .. } => {
-                        let got = c.release().map_err(|e| ErrKind::of(&e));
+                        let got = if async_call {
+                            block_on(c.release_async())
+                        } else {
+                            c.release()
+                        };
+                        let got = got.map_err(|e| ErrKind::of(&e));
                         let want = self.model.resolve(&h, How::Release).map(|_| ());
                         check_eq!(step, got, want, "release {} {}", h.ns, h.key);
                     }
                     Op::Fail { .. } => {
-                        let got = c.fail().map_err(|e| ErrKind::of(&e));
+                        let got = if async_call {
+                            block_on(c.fail_async())
+                        } else {
+                            c.fail()
+                        };
+                        let got = got.map_err(|e| ErrKind::of(&e));
                         let want = self.model.resolve(&h, How::Fail).map(|_| ());
                         check_eq!(step, got, want, "fail {} {}", h.ns, h.key);
                     }
@@ -251,10 +279,13 @@ impl<'a> Replay<'a> {
                 let i = claim % self.held.len();
                 let held = &mut self.held[i];
                 let lease_ms = EXTEND_MS[lease];
-                let got = held
-                    .claim
-                    .extend(Duration::from_millis(lease_ms))
-                    .map_err(|e| ErrKind::of(&e));
+                let lease = Duration::from_millis(lease_ms);
+                let got = if async_call {
+                    block_on(held.claim.extend_async(lease))
+                } else {
+                    held.claim.extend(lease)
+                };
+                let got = got.map_err(|e| ErrKind::of(&e));
                 let want = self.model.resolve(&held.model, How::Extend(lease_ms));
                 check_eq!(step, got, want.map(|_| ()), "extend by {lease_ms}");
                 if let Ok(until) = want {
@@ -360,5 +391,27 @@ impl<'a> Replay<'a> {
     pub fn finish(mut self) -> Result<(), String> {
         self.held.clear();
         self.store.close().map_err(|e| format!("final close: {e}"))
+    }
+}
+
+/// A minimal executor for the async steps: polls `future` on this thread, parking
+/// between wakes (the commit thread's wake unparks it).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(output) => return output,
+            Poll::Pending => std::thread::park(),
+        }
     }
 }
