@@ -18,6 +18,14 @@ mod record_decoder;
 /// Every crash input (target, file name) and its root cause.
 const CRASHES: &[(&str, &str, &str)] = &[
     (
+        "record_decoder",
+        "crash-payload-fp-without-its-flag",
+        "a claim record with the has-payload flag clear but a nonzero payload fingerprint \
+         (its checksum made valid by libFuzzer's comparison tracing) decoded, then re-encoded \
+         with the field zeroed: not a record the writer produces; src/format/record.rs now \
+         refuses a fingerprint without its flag",
+    ),
+    (
         "open_dir",
         "crash-segment-seq-u64-max",
         "a segment file named with sequence number ffffffffffffffff made recovery compute \

@@ -313,6 +313,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(StoredRecord<'_>, usize), DecodeEr
                 "result bytes without the has-result flag",
             ));
         }
+        // The writer leaves the field zero without the flag: anything else is not a
+        // record it wrote (and would not re-encode to the same bytes).
+        if flags & FLAG_HAS_PAYLOAD == 0 && read_u64(body, PAYLOAD_FP_OFFSET) != 0 {
+            return Err(DecodeError::Invalid(
+                "a payload fingerprint without the has-payload flag",
+            ));
+        }
         claim = ClaimFields {
             attempts: read_u32(body, ATTEMPTS_OFFSET),
             lease_until_ms: read_u64(body, LEASE_UNTIL_OFFSET),
