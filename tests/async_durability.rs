@@ -12,11 +12,10 @@
 
 use std::future::Future;
 use std::path::Path;
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use idemstore::testing::model::block_on;
 use idemstore::testing::{self, CallKind, Damage, SimVfs};
 use idemstore::{Begin, Durability, Error, Outcome, Policy, Status, Store};
 
@@ -105,25 +104,6 @@ fn tasks_on_a_multi_thread_runtime_never_block_their_workers() {
         stats.sync_rounds
     );
     store.close().unwrap();
-}
-
-/// A minimal executor: polls one future on this thread, parking between wakes.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = pin!(future);
-    loop {
-        match future.as_mut().poll(&mut cx) {
-            Poll::Ready(output) => return output,
-            Poll::Pending => std::thread::park(),
-        }
-    }
 }
 
 #[test]

@@ -107,6 +107,15 @@ impl Engine {
         id: &[u8],
     ) -> Result<Pending<Outcome>, Error> {
         self.check_write(id)?;
+        self.check_and_set_checked(namespace, id)
+    }
+
+    /// `check_and_set_pending` once the store and `id` are checked.
+    fn check_and_set_checked(
+        &self,
+        namespace: Scope,
+        id: &[u8],
+    ) -> Result<Pending<Outcome>, Error> {
         let request = Request::CheckAndSet {
             ttl_ms: namespace.ttl_ms,
         };
@@ -166,7 +175,7 @@ impl Engine {
             wait: false,
         };
         for id in ids {
-            match self.check_and_set_pending(namespace, id.as_ref()) {
+            match self.check_and_set_checked(namespace, id.as_ref()) {
                 Ok(pending) => {
                     outcomes.wait |= pending.wait;
                     outcomes.value.push(pending.value);

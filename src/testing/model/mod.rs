@@ -435,4 +435,4 @@ impl Model {
 
 mod replay;
 
-pub use replay::{Op, Replay, id, open};
+pub use replay::{Op, Replay, block_on, id, open};

@@ -394,9 +394,9 @@ impl<'a> Replay<'a> {
     }
 }
 
-/// A minimal executor for the async steps: polls `future` on this thread, parking
-/// between wakes (the commit thread's wake unparks it).
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
+/// A minimal executor for the async steps (and the async tests): polls `future` on
+/// this thread, parking between wakes (the commit thread's wake unparks it).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     use std::sync::Arc;
     use std::task::{Context, Poll, Wake, Waker};
     struct Unpark(std::thread::Thread);
