@@ -100,6 +100,7 @@ impl Committer {
     }
 
     /// Wakers registered and not yet woken or forgotten (for tests of cancellation).
+    #[cfg(feature = "testing")]
     pub(crate) fn pending_wakers(&self) -> usize {
         self.state.lock().wakers.len()
     }

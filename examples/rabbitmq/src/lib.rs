@@ -4,6 +4,8 @@
 //! The interesting part, idemstore's claim lifecycle around a manual ack, is in
 //! `src/bin/consumer.rs`.
 
+use std::sync::mpsc;
+
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -134,8 +136,13 @@ impl Ledger {
 
     /// Deducts the order's stock: one line, one `write`, then `fsync`.
     pub fn deduct(&mut self, order_id: &str, order: Order) -> io::Result<()> {
-        let line = format!("{order_id} sku={} qty={}\n", order.sku, order.quantity);
-        self.file.write_all(line.as_bytes())?;
+        self.deduct_many(&[deduction_line(order_id, order)])
+    }
+
+    /// Deducts several orders with one `write` of their lines and one `fsync`: the
+    /// ledger's group commit (see [`LedgerWriter`]).
+    pub fn deduct_many(&mut self, lines: &[String]) -> io::Result<()> {
+        self.file.write_all(lines.concat().as_bytes())?;
         self.file.sync_data()
     }
 
@@ -146,6 +153,103 @@ impl Ledger {
         Ok(read_deductions(&self.path)?
             .iter()
             .any(|line| line.order_id == order_id))
+    }
+}
+
+/// The ledger line of one deduction.
+fn deduction_line(order_id: &str, order: Order) -> String {
+    format!("{order_id} sku={} qty={}\n", order.sku, order.quantity)
+}
+
+/// The ledger behind a group commit, for a consumer with many deliveries in flight:
+/// a thread of its own owns the [`Ledger`], takes every deduction queued since its
+/// last round, writes their lines with one `write`, makes them durable with one
+/// `fsync`, and only then answers each [`deduct`](LedgerWriter::deduct) future. The
+/// async consumer never blocks its executor on the ledger's fsync, and one fsync
+/// covers as many deductions as are in flight — the same shape as idemstore's own
+/// group commit under `Durability::Immediate`.
+///
+/// A deduction whose future has resolved is on disk. One whose future has not may be
+/// on disk or not (a crash mid-round): the consumer treats it as unknown, which is why
+/// it consults the ledger for a claim's later attempts.
+pub struct LedgerWriter {
+    path: PathBuf,
+    requests: Option<mpsc::Sender<(String, tokio::sync::oneshot::Sender<io::Result<()>>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    rounds: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl LedgerWriter {
+    /// Opens the ledger at `path` (as [`Ledger::open`]) and starts its writer thread.
+    pub fn open(path: impl AsRef<Path>) -> io::Result<LedgerWriter> {
+        let mut ledger = Ledger::open(path)?;
+        let path = ledger.path.clone();
+        let (requests, queue) =
+            mpsc::channel::<(String, tokio::sync::oneshot::Sender<io::Result<()>>)>();
+        let rounds = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = std::sync::Arc::clone(&rounds);
+        let thread = std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || {
+                // Ends when every sender is gone and the queue is drained.
+                while let Ok(first) = queue.recv() {
+                    let round: Vec<_> = std::iter::once(first).chain(queue.try_iter()).collect();
+                    let lines: Vec<String> = round.iter().map(|(line, _)| line.clone()).collect();
+                    let written = ledger.deduct_many(&lines);
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    for (_, answer) in round {
+                        let result = match &written {
+                            Ok(()) => Ok(()),
+                            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                        };
+                        // A deduction whose caller has gone (its future dropped) is
+                        // on disk all the same; nobody is told.
+                        let _ = answer.send(result);
+                    }
+                }
+            })?;
+        Ok(LedgerWriter {
+            path,
+            requests: Some(requests),
+            thread: Some(thread),
+            rounds,
+        })
+    }
+
+    /// Deducts the order's stock; resolves once its line is on disk (fsynced), with
+    /// the error of the round's `write` or `fsync` if either failed.
+    pub async fn deduct(&self, order_id: &str, order: Order) -> io::Result<()> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let stopped = || io::Error::other("the ledger writer has stopped");
+        self.requests
+            .as_ref()
+            .ok_or_else(stopped)?
+            .send((deduction_line(order_id, order), answer))
+            .map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
+    }
+
+    /// Whether the ledger holds a deduction for `order_id` (see [`Ledger::contains`]).
+    /// Every deduction whose future has resolved is seen.
+    pub fn contains(&self, order_id: &str) -> io::Result<bool> {
+        Ok(read_deductions(&self.path)?
+            .iter()
+            .any(|line| line.order_id == order_id))
+    }
+
+    /// Write-and-fsync rounds so far: deductions per round is the group commit's gain.
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for LedgerWriter {
+    /// Lets the writer finish the deductions queued so far, then joins it.
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -210,5 +314,50 @@ mod tests {
         assert_eq!(ids, ["order-1", "order-3"]);
         assert!(ledger.contains("order-3").unwrap());
         assert!(!ledger.contains("order-2").unwrap());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_writer_answers_after_the_line_is_written_and_shares_rounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.log");
+        let writer = LedgerWriter::open(&path).unwrap();
+        let ids: Vec<String> = (1..=200).map(order_id).collect();
+        let deductions = ids.iter().map(|id| writer.deduct(id, Order::for_number(1)));
+        for result in join_all(deductions.collect()).await {
+            result.unwrap();
+        }
+        // Every resolved deduction is readable, once.
+        let lines = read_deductions(&path).unwrap();
+        assert_eq!(lines.len(), 200);
+        assert!(writer.contains(&order_id(200)).unwrap());
+        // All 200 were queued in one pass before any answer could come back, so the
+        // writer took several in a round: a writer without a group commit does 200.
+        assert!(writer.rounds() < 200, "{} rounds", writer.rounds());
+        drop(writer);
+        assert_eq!(read_deductions(&path).unwrap().len(), 200);
+    }
+
+    /// Polls every future to completion together (the test's own `join_all`).
+    async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+        let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+        let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+        std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+                if output.is_none() {
+                    match future.as_mut().poll(cx) {
+                        std::task::Poll::Ready(value) => *output = Some(value),
+                        std::task::Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(())
+            }
+        })
+        .await;
+        outputs.into_iter().map(Option::unwrap).collect()
     }
 }

@@ -1,13 +1,15 @@
 //! The example consumer against a real RabbitMQ (`.ci/rabbitmq` installs and starts
 //! one on loopback and runs this test; `AMQP_ADDR` says where it is).
 //!
-//! Publishes ORDERS orders and one poison message to a fresh queue, starts the
-//! consumer, SIGKILLs it mid-batch — after it has deducted orders whose acks are still
-//! batched, and in the middle of one more (deducted on the ledger, not `complete`d) —
+//! Publishes ORDERS orders — every DUPLICATE_EVERY-th twice, as a retrying producer
+//! would — and one poison message to a fresh queue, starts the async consumer (up to
+//! PREFETCH deliveries in flight), SIGKILLs it mid-batch — after it has deducted
+//! orders whose acks are still batched, and in the middle of one more (deducted on the
+//! ledger, not `complete`d), with the other deliveries in flight wherever they were —
 //! restarts it on the same store and ledger, waits until the queue is drained, and
 //! checks from the outside that every order's stock was deducted exactly once, that
-//! RabbitMQ redelivered what the killed consumer had not acked, and that the poison
-//! message went to the dead-letter queue.
+//! RabbitMQ redelivered what the killed consumer had not acked, that the poison
+//! message went to the dead-letter queue, and that fsyncs were shared by many orders.
 //!
 //! It fails, never skips, when no broker is reachable.
 
@@ -30,8 +32,12 @@ use tokio::process::{Child, ChildStdout, Command};
 
 /// Orders published.
 const ORDERS: u64 = 2000;
-/// The consumer is killed in its 737th deduction: 14 batches of 50 acked, 36 deducted
-/// and completed but not acked, and one deducted but not completed.
+/// Every this-many-th order is published twice in a row (a producer's retry).
+const DUPLICATE_EVERY: u64 = 97;
+/// The consumer is killed in a deduction from its 737th on, one that finds deliveries
+/// done but not acked yet: batches of 50 or more acked, some completed but not acked,
+/// the one it stops in deducted but not completed, and others claimed or deducted in
+/// flight.
 const CRASH_AFTER: u64 = 737;
 const ACK_BATCH: u64 = 50;
 const PREFETCH: u64 = 100;
@@ -85,11 +91,13 @@ async fn every_order_is_deducted_exactly_once_across_a_sigkill() {
         .arg(ORDERS.to_string())
         .env("AMQP_ADDR", &addr)
         .env("ORDERS_QUEUE", &queue)
+        .env("DUPLICATE_EVERY", DUPLICATE_EVERY.to_string())
         .status()
         .await
         .unwrap();
     assert!(published.success(), "publisher: {published}");
-    assert_eq!(ready(&channel, &queue).await, ORDERS + 1);
+    let order_messages = ORDERS + ORDERS / DUPLICATE_EVERY;
+    assert_eq!(ready(&channel, &queue).await, order_messages + 1);
 
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
@@ -114,30 +122,37 @@ async fn every_order_is_deducted_exactly_once_across_a_sigkill() {
     );
 
     // What the killed consumer had done but not acked: orders deducted and completed
-    // whose batch ack was not sent yet, and the one it was in the middle of.
-    let completed_unacked: BTreeSet<String> = run1
-        .outcomes
-        .iter()
-        .filter(|(id, outcome)| outcome.as_str() == "deducted" && !run1.acked.contains(*id))
-        .map(|(id, _)| id.clone())
-        .collect();
+    // whose batch ack was not sent yet; and orders on the ledger whose completion it
+    // never reported — the one it stopped in, and others in flight at the kill.
+    let run1_deducted = run1.ids_with("deducted");
+    let completed_unacked: BTreeSet<String> =
+        run1_deducted.difference(&run1.acked).cloned().collect();
     let deducted_before_kill = count_per_order(&ledger);
     assert_eq!(
         deducted_before_kill.get(&crash_id),
         Some(&1),
         "the crash point comes after the deduction of {crash_id}"
     );
-    let processed_unacked = completed_unacked.len() + 1;
+    for id in &run1_deducted {
+        assert_eq!(deducted_before_kill.get(id), Some(&1), "{id} on the ledger");
+    }
+    let half_done: BTreeSet<String> = deducted_before_kill
+        .keys()
+        .filter(|id| !run1_deducted.contains(*id))
+        .cloned()
+        .collect();
+    assert!(half_done.contains(&crash_id));
     assert!(
         !completed_unacked.is_empty(),
         "the kill must land with deducted, completed orders not acked yet"
     );
-    assert_eq!(
-        deducted_before_kill.len() as u64,
-        run1.acked.len() as u64 + processed_unacked as u64
+    assert!(
+        run1.in_flight_max > 1,
+        "the consumer must have had more than one delivery in flight"
     );
-    // The broker agrees: everything it did not get an ack for is back in the queue.
-    let expected_ready = ORDERS - run1.acked.len() as u64;
+    // The broker agrees: everything it did not get an ack for is back in the queue
+    // (the poison message was rejected to the dead-letter queue).
+    let expected_ready = order_messages - run1.acked_deliveries;
     let requeued = Instant::now();
     while ready(&channel, &queue).await != expected_ready {
         assert!(
@@ -191,22 +206,54 @@ async fn every_order_is_deducted_exactly_once_across_a_sigkill() {
     assert!(!deducted.contains_key(POISON_ID));
 
     // RabbitMQ redelivered what run 1 had not acked; the restarted consumer skipped the
-    // completed ones and reconciled the half-done one from the ledger.
+    // completed ones and reconciled the half-done ones from the ledger (or found them
+    // completed: the kill can land after a completion was written, before it was
+    // reported).
     let redelivered = run2.redelivered.len();
     assert!(redelivered > 0, "RabbitMQ redelivered nothing");
+    let outcomes = |id: &str| run2.outcomes.get(id).cloned().unwrap_or_default();
     for id in &completed_unacked {
         assert!(run2.redelivered.contains(id), "{id} was not redelivered");
-        assert_eq!(
-            run2.outcomes.get(id).map(String::as_str),
-            Some("skipped"),
-            "{id}"
+        assert!(
+            outcomes(id).iter().all(|o| o == "skipped"),
+            "{id}: {:?}",
+            outcomes(id)
         );
     }
-    assert!(run2.redelivered.contains(&crash_id));
-    assert_eq!(
-        run2.outcomes.get(&crash_id).map(String::as_str),
-        Some("reconciled"),
-        "{crash_id}"
+    for id in &half_done {
+        assert!(run2.redelivered.contains(id), "{id} was not redelivered");
+        assert!(
+            outcomes(id)
+                .iter()
+                .all(|o| o == "reconciled" || o == "skipped"),
+            "{id}: {:?}",
+            outcomes(id)
+        );
+    }
+    assert!(
+        outcomes(&crash_id).iter().any(|o| o == "reconciled"),
+        "{crash_id}: {:?}",
+        outcomes(&crash_id)
+    );
+    // The producer's second copies, delivered while or after the first was handled
+    // in the same process, were skipped: deducted once.
+    let copies_skipped = run1.skipped_fresh + run2.skipped_fresh;
+    assert!(
+        copies_skipped > 0,
+        "no second copy of a retried publish was skipped"
+    );
+    // Many deliveries in flight share the fsyncs: a consumer handling one at a time
+    // needs one ledger fsync per deduction.
+    let stopped = run2
+        .stopped
+        .clone()
+        .expect("the consumer printed its stop line");
+    let run2_deducted = run2.count("deducted") as u64;
+    let ledger_fsyncs = number_field(&stopped, "ledger_fsyncs");
+    let store_syncs = number_field(&stopped, "store_sync_rounds");
+    assert!(
+        ledger_fsyncs < run2_deducted,
+        "{ledger_fsyncs} ledger fsyncs for {run2_deducted} deductions: no group commit"
     );
     // The killed consumer's claim on the half-done order was released when run 2
     // opened the store (its process was gone): nothing waited for a lease.
@@ -229,31 +276,40 @@ async fn every_order_is_deducted_exactly_once_across_a_sigkill() {
         let record = inventory.get(order_id(n)).unwrap().expect("remembered");
         assert_eq!(record.status, Status::Completed, "{}", order_id(n));
     }
-    let crashed = inventory.get(&crash_id).unwrap().unwrap();
-    assert_eq!(crashed.attempts, 2);
+    for id in run2.ids_with("reconciled") {
+        let reconciled = inventory.get(&id).unwrap().unwrap();
+        assert_eq!(reconciled.attempts, 2, "{id}");
+    }
     let poison = inventory.get(POISON_ID).unwrap().unwrap();
     assert_eq!(poison.status, Status::Failed);
     store.close().unwrap();
 
     println!(
         "\nend to end against {addr}, queue {queue}\n\
-         \x20 published     {} messages: {ORDERS} orders + 1 poison\n\
-         \x20 run 1         {} deliveries: {} orders deducted, 1 poison failed and dead-lettered; \
-         {} acked in batches of {ACK_BATCH}\n\
-         \x20 SIGKILL       with {processed_unacked} orders processed but not acked: {} completed, \
-         and {crash_id} deducted but not completed\n\
-         \x20 run 2         {} deliveries, {redelivered} with the redelivered flag: {} deducted, \
-         {} skipped (already completed), {} reconciled from the ledger (attempt 2), \
-         {} requeued behind a live lease\n\
+         \x20 published     {} messages: {ORDERS} orders ({} of them twice) + 1 poison\n\
+         \x20 run 1         {} deliveries, up to {} in flight: {} orders deducted, 1 poison failed \
+         and dead-lettered; {} acked in batches of {ACK_BATCH} or more\n\
+         \x20 SIGKILL       with {} orders completed but not acked, and {} deducted but not \
+         reported completed ({crash_id} among them)\n\
+         \x20 run 2         {} deliveries, up to {} in flight, {redelivered} with the redelivered \
+         flag: {} deducted, {} skipped (already completed), {} reconciled from the ledger \
+         (attempt 2), {} requeued behind a live lease\n\
+         \x20 copies        {copies_skipped} second copies of a retried publish skipped\n\
+         \x20 fsyncs        run 2: {run2_deducted} deductions in {ledger_fsyncs} ledger fsyncs; \
+         {store_syncs} store syncs for their begins and completions\n\
          \x20 ledger        {} orders, {} deductions: duplicates 0, missing 0\n\
          \x20 queues        {queue}: 0 left, {}: 1 (the poison)\n\
          \x20 time          {:.1} s",
-        ORDERS + 1,
-        run1.deliveries + 1, // the one the kill cut short printed no line
-        deducted_before_kill.len(),
-        run1.acked.len(),
+        order_messages + 1,
+        ORDERS / DUPLICATE_EVERY,
+        run1.deliveries,
+        run1.in_flight_max,
+        run1_deducted.len(),
+        run1.acked_deliveries,
         completed_unacked.len(),
+        half_done.len(),
         run2.deliveries,
+        run2.in_flight_max,
         run2.count("deducted"),
         run2.count("skipped"),
         run2.count("reconciled"),
@@ -324,12 +380,21 @@ impl Consumer {
 #[derive(Default)]
 struct Run {
     deliveries: u64,
-    /// The last outcome per order id.
-    outcomes: HashMap<String, String>,
+    /// The outcomes per order id, in order.
+    outcomes: HashMap<String, Vec<String>>,
     /// Order ids delivered with the redelivered flag.
     redelivered: BTreeSet<String>,
     /// Order ids in ack batches (printed before each batch ack is sent).
     acked: BTreeSet<String>,
+    /// Deliveries in ack batches.
+    acked_deliveries: u64,
+    /// Deliveries skipped as already completed without the redelivered flag: second
+    /// copies of a retried publish.
+    skipped_fresh: u64,
+    /// The most deliveries in flight when one ended.
+    in_flight_max: u64,
+    /// The consumer's `stopped` line.
+    stopped: Option<String>,
     /// Deliveries answered `InProgress` (requeued once the lease ran out); none is
     /// expected, since the open releases the killed consumer's claims.
     in_progress: u64,
@@ -353,17 +418,46 @@ impl Run {
             if outcome == "in-progress" {
                 self.in_progress += 1;
             }
-            self.outcomes.insert(id, outcome);
+            if outcome == "skipped" && field("redelivered") == "false" {
+                self.skipped_fresh += 1;
+            }
+            self.in_flight_max = self.in_flight_max.max(field("in_flight").parse().unwrap());
+            self.outcomes.entry(id).or_default().push(outcome);
         } else if let Some(fields) = line.strip_prefix("ack ") {
             let ids = fields.split(' ').find_map(|f| f.strip_prefix("ids="));
-            self.acked
-                .extend(ids.unwrap_or_default().split(',').map(str::to_string));
+            let ids = ids.unwrap_or_default().split(',').map(str::to_string);
+            self.acked_deliveries += number_field(line, "n");
+            self.acked.extend(ids);
+        } else if line.starts_with("stopped ") {
+            self.stopped = Some(line.to_string());
         }
     }
 
+    /// Deliveries with this outcome.
     fn count(&self, outcome: &str) -> usize {
-        self.outcomes.values().filter(|o| *o == outcome).count()
+        self.outcomes
+            .values()
+            .flatten()
+            .filter(|o| *o == outcome)
+            .count()
     }
+
+    /// Order ids with a delivery of this outcome.
+    fn ids_with(&self, outcome: &str) -> BTreeSet<String> {
+        self.outcomes
+            .iter()
+            .filter(|(_, outcomes)| outcomes.iter().any(|o| o == outcome))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+}
+
+/// The number in field `name=` of a line of the consumer's.
+fn number_field(line: &str, name: &str) -> u64 {
+    line.split(' ')
+        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number {name}= in {line:?}"))
 }
 
 /// Deductions per order id on the ledger.

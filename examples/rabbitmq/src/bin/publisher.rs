@@ -2,6 +2,9 @@
 //! [FIRST]` sends orders FIRST..FIRST+COUNT (default 1000 orders from 1) to
 //! `ORDERS_QUEUE` on `AMQP_ADDR`, persistent, with publisher confirms. Each message's
 //! `message_id` is its order id: the key the consumer deduplicates on.
+//!
+//! `DUPLICATE_EVERY=K` publishes every K-th order twice in a row, as a producer whose
+//! first publish timed out and that retried: the consumer must deduct it once.
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -30,6 +33,12 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let count: u64 = args.next().map_or(Ok(1000), |a| a.parse())?;
     let first: u64 = args.next().map_or(Ok(1), |a| a.parse())?;
     let queue = queue_name();
+    let duplicate_every: u64 = match std::env::var("DUPLICATE_EVERY") {
+        Ok(k) => k
+            .parse()
+            .map_err(|_| format!("DUPLICATE_EVERY={k:?} is not a number"))?,
+        Err(_) => 0,
+    };
 
     let connection = Connection::connect(&amqp_addr(), ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
@@ -38,7 +47,16 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let mut confirms = Vec::with_capacity(count as usize);
-    for n in first..first + count {
+    let mut published = 0u64;
+    let copies = |n: u64| {
+        if duplicate_every > 0 && n.is_multiple_of(duplicate_every) {
+            2
+        } else {
+            1
+        }
+    };
+    for n in (first..first + count).flat_map(|n| std::iter::repeat_n(n, copies(n))) {
+        published += 1;
         let properties = BasicProperties::default()
             .with_message_id(order_id(n).into())
             .with_delivery_mode(PERSISTENT);
@@ -60,6 +78,6 @@ async fn run() -> Result<(), Box<dyn Error>> {
         }
     }
     connection.close(200, "published".into()).await?;
-    println!("published {count} orders to {queue}");
+    println!("published {count} orders in {published} messages to {queue}");
     Ok(())
 }
