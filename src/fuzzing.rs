@@ -141,3 +141,68 @@ pub fn scan_segment(bytes: &[u8], start: usize) -> Scan {
         torn_tail: report.torn_tail,
     }
 }
+
+/// A changelog message decoded (`docs/FORMAT.md`, "Changelog messages").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedChangelogMessage {
+    /// The owner token of its writer.
+    pub owner: u64,
+    /// Its writer's message counter.
+    pub batch: u64,
+    /// The partition.
+    pub partition: u32,
+    /// `(source offset, id)` of each record.
+    pub records: Vec<(Option<u64>, Vec<u8>)>,
+    /// The message encoded again from its decoded fields.
+    pub reencoded: Vec<u8>,
+}
+
+/// Decodes and verifies a changelog message; `Err` says why not.
+pub fn decode_changelog_message(bytes: &[u8]) -> Result<DecodedChangelogMessage, String> {
+    use crate::format::changelog;
+    let message = changelog::decode(bytes).map_err(|e| format!("{e:?}"))?;
+    let encoded: Vec<(Option<u64>, Vec<u8>)> = message
+        .records
+        .iter()
+        .map(|(offset, record)| {
+            let mut out = vec![0u8; record.encoded_len()];
+            record.encode_into(&mut out);
+            (*offset, out)
+        })
+        .collect();
+    let borrowed: Vec<(Option<u64>, &[u8])> =
+        encoded.iter().map(|(o, r)| (*o, r.as_slice())).collect();
+    Ok(DecodedChangelogMessage {
+        owner: message.header.owner,
+        batch: message.header.batch,
+        partition: message.header.partition,
+        records: message
+            .records
+            .iter()
+            .map(|(offset, record)| (*offset, record.id.to_vec()))
+            .collect(),
+        reencoded: changelog::encode(&message.header, &borrowed),
+    })
+}
+
+/// Encodes a records changelog message (for seeds and tests): `records` are
+/// `(source offset, record bytes)`, e.g. from [`encode_mark`].
+pub fn encode_changelog_message(
+    namespace: &str,
+    partition: u32,
+    owner: u64,
+    batch: u64,
+    records: &[(Option<u64>, Vec<u8>)],
+) -> Vec<u8> {
+    use crate::format::changelog;
+    let borrowed: Vec<(Option<u64>, &[u8])> =
+        records.iter().map(|(o, r)| (*o, r.as_slice())).collect();
+    let header = changelog::MessageHeader {
+        kind: changelog::Kind::Records,
+        namespace,
+        partition,
+        owner,
+        batch,
+    };
+    changelog::encode(&header, &borrowed)
+}

@@ -55,6 +55,7 @@ mod planted;
 mod poison;
 mod policy;
 mod recovery;
+pub mod replication;
 mod stats;
 mod store;
 #[cfg_attr(

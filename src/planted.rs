@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 5] = [
+pub const PLANTED_BUGS: [&str; 6] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -19,6 +19,9 @@ pub const PLANTED_BUGS: [&str; 5] = [
     "eager-torn-tail",
     // expiry::deadline::bucket_deadline rounds one step early.
     "early-expiry",
+    // replication: a writer that finds another owner's message at the end of the
+    // subject catches up to it and appends again instead of taking itself as fenced.
+    "zombie-catches-up",
 ];
 
 /// Whether the planted bug `name` is switched on (always false without the feature).

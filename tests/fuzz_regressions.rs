@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "../fuzz/harness/changelog_message.rs"]
+mod changelog_message;
 #[path = "../fuzz/harness/model_ops.rs"]
 mod model_ops;
 #[path = "../fuzz/harness/open_dir.rs"]
@@ -86,8 +88,47 @@ fn model_ops_inputs() {
 }
 
 #[test]
+fn changelog_message_inputs() {
+    replay("changelog_message", changelog_message::run);
+}
+
+/// The seed of the changelog_message target is what the encoder writes today.
+#[test]
+fn the_changelog_message_seed_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/changelog_message/seed-two-records");
+    let expected = changelog_seed();
+    if std::env::var_os("IDEMSTORE_WRITE_SEEDS").is_some() {
+        std::fs::write(&path, &expected).unwrap();
+    }
+    let seed = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(seed, expected, "regenerate with IDEMSTORE_WRITE_SEEDS=1");
+    changelog_message::run(&seed);
+}
+
+fn changelog_seed() -> Vec<u8> {
+    use idemstore::fuzzing;
+    let records = vec![
+        (
+            Some(41),
+            fuzzing::encode_mark(0, 7, 1_700_000_000_000, b"order-1"),
+        ),
+        (
+            None,
+            fuzzing::encode_mark(0, 8, 1_700_000_000_001, b"order-2"),
+        ),
+    ];
+    fuzzing::encode_changelog_message("inventory", 3, 0xfeed, 2, &records)
+}
+
+#[test]
 fn every_crash_input_is_explained() {
-    for target in ["record_decoder", "open_dir", "model_ops"] {
+    for target in [
+        "record_decoder",
+        "open_dir",
+        "model_ops",
+        "changelog_message",
+    ] {
         for file in inputs(target) {
             let name = file.file_name().unwrap().to_str().unwrap();
             if name.starts_with("seed-") {

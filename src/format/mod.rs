@@ -4,6 +4,7 @@
 //! Every decoder in this module returns an error for malformed input and never panics,
 //! whatever the bytes.
 
+pub(crate) mod changelog;
 pub(crate) mod checkpoint;
 pub(crate) mod namespace_file;
 pub(crate) mod record;

@@ -1,0 +1,28 @@
+//! The pieces replication is built from (`docs/REPLICATION.md`): a partition's records
+//! ship to a replicated log — a *changelog* — so that the partition's next owner, on
+//! another machine, can restore them, and the previous owner, should it keep writing
+//! after it lost the partition (a zombie), is refused by the log itself.
+//!
+//! - [`Changelog`]: the small trait a replicated log implements — append with an
+//!   expected last sequence (the optimistic-concurrency primitive of NATS JetStream's
+//!   `Nats-Expected-Last-Subject-Sequence`), read from a position, read the last entry.
+//! - [`MemoryChangelog`]: an in-process implementation with injected faults (lost
+//!   acks, timeouts, leader changes mid-publish), for deterministic tests of the
+//!   protocol beside the real engine.
+//! - [`PartitionOwner`]: the fencing protocol over any [`Changelog`]: take a partition
+//!   over (read to the end, then append an owner message that moves the partition's
+//!   last sequence), append batches that only land while this owner still owns it,
+//!   and resolve every ambiguous outcome (a timeout after the log applied the append)
+//!   by reading the partition's last entry instead of guessing.
+//!
+//! What is not built yet: the store does not ship its records or restore them (no
+//! replication mode on `Store`), and there is no NATS JetStream implementation of
+//! [`Changelog`] yet. Both build on these pieces.
+
+mod changelog;
+mod memory;
+mod owner;
+
+pub use changelog::{Changelog, ChangelogError, Entry};
+pub use memory::{Fault, MemoryChangelog};
+pub use owner::{PartitionOwner, ReplicationError, Restored, Shipped};
