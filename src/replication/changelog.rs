@@ -17,10 +17,7 @@ pub struct Entry {
 pub enum ChangelogError {
     /// The append was refused, nothing written: the subject's last sequence is not
     /// the one the caller expected (another writer appended since).
-    WrongLastSequence {
-        /// The subject's last sequence now (0: the subject is empty).
-        actual: u64,
-    },
+    WrongLastSequence,
     /// No answer within the implementation's timeout. For an append the outcome is
     /// unknown: the log may have applied it.
     Timeout,
@@ -32,10 +29,10 @@ pub enum ChangelogError {
 impl fmt::Display for ChangelogError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ChangelogError::WrongLastSequence { actual } => write!(
+            ChangelogError::WrongLastSequence => write!(
                 f,
-                "the changelog refused the append: the subject's last sequence is {actual}, \
-                 not the expected one (another writer appended)"
+                "the changelog refused the append: the subject's last sequence is not the \
+                 expected one (another writer appended)"
             ),
             ChangelogError::Timeout => write!(f, "the changelog did not answer in time"),
             ChangelogError::Unavailable(why) => write!(f, "the changelog is unavailable: {why}"),

@@ -116,7 +116,7 @@ impl Changelog for MemoryChangelog {
             .and_then(|entries| entries.last())
             .map_or(0, |entry| entry.seq);
         if actual != expected_last {
-            return Err(ChangelogError::WrongLastSequence { actual });
+            return Err(ChangelogError::WrongLastSequence);
         }
         inner.last_seq += 1;
         inner.appends_applied += 1;
@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(log.append("b", 0, b"x"), Ok(2));
         assert_eq!(
             log.append("a", 0, b"2"),
-            Err(ChangelogError::WrongLastSequence { actual: 1 })
+            Err(ChangelogError::WrongLastSequence)
         );
         log.inject(Fault::LostAck);
         assert_eq!(log.append("a", 1, b"2"), Err(ChangelogError::Timeout));

@@ -13,16 +13,22 @@
 //!   over (read to the end, then append an owner message that moves the partition's
 //!   last sequence), append batches that only land while this owner still owns it,
 //!   and resolve every ambiguous outcome (a timeout after the log applied the append)
-//!   by reading the partition's last entry instead of guessing.
+//!   by reading the entry right after its own last one instead of guessing.
+//!
+//! - `NatsChangelog` (feature `nats`): [`Changelog`] on a NATS JetStream stream, with
+//!   `async-nats` on a runtime thread of its own; the core stays synchronous.
 //!
 //! What is not built yet: the store does not ship its records or restore them (no
-//! replication mode on `Store`), and there is no NATS JetStream implementation of
-//! [`Changelog`] yet. Both build on these pieces.
+//! replication mode on `Store`). That builds on these pieces.
 
 mod changelog;
 mod memory;
+#[cfg(feature = "nats")]
+mod nats;
 mod owner;
 
 pub use changelog::{Changelog, ChangelogError, Entry};
 pub use memory::{Fault, MemoryChangelog};
+#[cfg(feature = "nats")]
+pub use nats::{NatsChangelog, NatsConfig, NatsOpenError};
 pub use owner::{PartitionOwner, ReplicationError, Restored, Shipped};

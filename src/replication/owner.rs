@@ -12,10 +12,12 @@
 //!    between): read on, and try again. Ambiguous (a timeout): resolve (step 3).
 //! 2. **Append** ([`PartitionOwner::append`]): a records message with this owner's
 //!    token and its next batch number, expecting the last sequence this owner wrote.
-//! 3. **Resolve** every outcome that is not a clean answer by reading the subject's
-//!    last entry: this owner's message with this batch number → it landed (a lost
-//!    ack); the sequence this owner expected → it did not land, send it again;
-//!    anything else → another owner has appended since: **fenced**.
+//! 3. **Resolve** every outcome that is not a clean answer by reading the entry right
+//!    after the last one this owner wrote: this owner's message with this batch
+//!    number → it landed (a lost ack); none → it did not land, send it again;
+//!    anything else → another owner has appended since: **fenced**. A take-over skips
+//!    what a replicated log may land late: a second copy of a message, and a message
+//!    of an owner after a later owner's owner message (counted as stale).
 //! 4. **Fenced** is final for this owner: every later append answers
 //!    [`ReplicationError::Fenced`] without touching the log.
 //!
@@ -103,6 +105,9 @@ pub struct Restored {
     /// Messages that did not decode (sequence and why), skipped: counted, as recovery
     /// counts a damaged record.
     pub damaged: Vec<(u64, String)>,
+    /// Messages skipped as stale: a second copy of a message, or a message of an
+    /// owner read after a later owner's owner message.
+    pub stale: u64,
 }
 
 /// The owner of one replicated partition: the only writer whose appends land.
@@ -170,6 +175,14 @@ impl PartitionOwner {
         };
         let mut messages = 0;
         let mut damaged = Vec::new();
+        let mut stale = 0;
+        // The owner whose messages count now, and each owner's highest batch read: a
+        // message of an owner after a later owner's owner message, or a second copy
+        // of a batch, is stale (a replicated log may land an in-flight append late)
+        // and is skipped. A warm take-over accepts records until it reads an owner
+        // message.
+        let mut current: Option<u64> = None;
+        let mut highest: std::collections::HashMap<u64, u64> = Default::default();
         let fence = owner.encode(Kind::Owner, 1, &[]);
         for _ in 0..TAKE_OVER_ROUNDS {
             // To the end of the subject as it stands.
@@ -178,7 +191,20 @@ impl PartitionOwner {
                 let full = entries.len() == READ_BATCH;
                 for entry in &entries {
                     match shipped(entry) {
-                        Ok(shipped) => restore(shipped),
+                        Ok(shipped) => {
+                            let copy = highest.get(&shipped.owner) >= Some(&shipped.batch);
+                            let retired = !shipped.is_owner
+                                && current.is_some_and(|owner| owner != shipped.owner);
+                            if copy || retired {
+                                stale += 1;
+                            } else {
+                                if shipped.is_owner {
+                                    current = Some(shipped.owner);
+                                }
+                                highest.insert(shipped.owner, shipped.batch);
+                                restore(shipped);
+                            }
+                        }
                         Err(e) => damaged.push((entry.seq, format!("{e:?}"))),
                     }
                     messages += 1;
@@ -196,6 +222,7 @@ impl PartitionOwner {
                         owner,
                         messages,
                         damaged,
+                        stale,
                     });
                 }
                 // Someone appended after the end this owner read: read on. The
@@ -208,7 +235,7 @@ impl PartitionOwner {
             }
         }
         Err(ReplicationError::Changelog(
-            ChangelogError::WrongLastSequence { actual: owner.last },
+            ChangelogError::WrongLastSequence,
         ))
     }
 
@@ -304,28 +331,25 @@ impl PartitionOwner {
                 Ok(seq) => return Ok(self.landed(seq)),
                 Err(e) => error = Some(e),
             }
-            // Not a clean answer: what does the subject end with?
-            match log.last(&self.subject)? {
-                Some(entry) if entry.seq == self.last => continue, // did not land
-                None if self.last == 0 => continue,
-                Some(entry) => {
-                    return match shipped(&entry) {
-                        Ok(s) if s.owner == self.token && s.batch == batch => {
-                            Ok(self.landed(entry.seq))
-                        }
-                        #[cfg(feature = "planted-bugs")]
-                        Ok(_) if crate::planted::planted("zombie-catches-up") => {
-                            self.last = entry.seq;
-                            continue;
-                        }
-                        Ok(s) => Err(self.fence(s.owner)),
-                        Err(_) => Err(self.fence(0)),
-                    };
+            // Not a clean answer: what comes right after this owner's last message?
+            // (Not the subject's last entry: under a leader change JetStream 2.9 can
+            // land an in-flight append after one that was checked against the same
+            // expected sequence, so only the entry next to ours tells whether ours
+            // is the one that counts.)
+            let next = log.read(&self.subject, self.last, 1)?;
+            let Some(entry) = next.first() else {
+                continue; // did not land
+            };
+            return match shipped(entry) {
+                Ok(s) if s.owner == self.token && s.batch == batch => Ok(self.landed(entry.seq)),
+                #[cfg(feature = "planted-bugs")]
+                Ok(_) if crate::planted::planted("zombie-catches-up") => {
+                    self.last = entry.seq;
+                    continue;
                 }
-                // The subject lost entries this owner wrote: never by itself; the
-                // owner cannot go on safely.
-                None => return Err(self.fence(0)),
-            }
+                Ok(s) => Err(self.fence(s.owner)),
+                Err(_) => Err(self.fence(0)),
+            };
         }
         Err(ReplicationError::Changelog(
             error.expect("at least one send"),
