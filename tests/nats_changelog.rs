@@ -12,179 +12,37 @@
 //! - a node killed with SIGKILL mid-run and restarted: every append answered `Ok` is
 //!   in the stream once, in order, none twice.
 
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idemstore::fuzzing;
 use idemstore::replication::{
-    Changelog, ChangelogError, NatsChangelog, NatsConfig, NatsOpenError, PartitionOwner,
-    ReplicationError,
+    Changelog, ChangelogError, LocalCluster, NatsChangelog, NatsConfig, NatsOpenError,
+    PartitionOwner, ReplicationError,
 };
 
 const NAMESPACE: &str = "inventory";
 
-/// Three JetStream nodes on loopback; stopped (SIGKILL) when dropped.
-struct Cluster {
-    nodes: Vec<Option<Child>>,
-    args: Vec<Vec<String>>,
-    client_ports: Vec<u16>,
-    monitor_ports: Vec<u16>,
-    _dir: tempfile::TempDir,
+/// The test's cluster: three real nodes; fails (never skips) without nats-server.
+fn start_cluster() -> LocalCluster {
+    LocalCluster::start(3).unwrap_or_else(|e| {
+        panic!("{e}: this test needs nats-server (.ci/nats installs it and runs this test)")
+    })
+}
+
+fn config(cluster: &LocalCluster, stream: &str) -> NatsConfig {
+    let mut config = NatsConfig::new(cluster.urls());
+    config.stream = stream.into();
+    config.subject_prefix = format!("idemstore.{}", stream.to_lowercase());
+    config.timeout = Duration::from_secs(3);
+    config
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn nats_server() -> String {
-    for candidate in ["/usr/sbin/nats-server", "/usr/bin/nats-server"] {
-        if Path::new(candidate).exists() {
-            return candidate.to_string();
-        }
-    }
-    panic!(
-        "nats-server is not installed: this test needs it (Debian: apt-get install \
-         nats-server, or run .ci/nats, which installs it and runs this test)"
-    );
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let route_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let monitor_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let routes = route_ports
-            .iter()
-            .map(|p| format!("nats://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let args: Vec<Vec<String>> = (0..3)
-            .map(|i| {
-                let store = dir.path().join(format!("n{i}"));
-                vec![
-                    "-js".into(),
-                    "-sd".into(),
-                    store.display().to_string(),
-                    "-n".into(),
-                    format!("n{i}"),
-                    "-a".into(),
-                    "127.0.0.1".into(),
-                    "-p".into(),
-                    client_ports[i].to_string(),
-                    "-m".into(),
-                    monitor_ports[i].to_string(),
-                    "--cluster_name".into(),
-                    "idemstore-test".into(),
-                    "--cluster".into(),
-                    format!("nats://127.0.0.1:{}", route_ports[i]),
-                    "--routes".into(),
-                    routes.clone(),
-                ]
-            })
-            .collect();
-        let mut cluster = Cluster {
-            nodes: vec![None, None, None],
-            args,
-            client_ports,
-            monitor_ports,
-            _dir: dir,
-        };
-        for i in 0..3 {
-            cluster.start_node(i);
-        }
-        cluster
-    }
-
-    fn start_node(&mut self, i: usize) {
-        let child = Command::new(nats_server())
-            .args(&self.args[i])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting nats-server");
-        self.nodes[i] = Some(child);
-    }
-
-    fn kill_node(&mut self, i: usize) {
-        if let Some(mut child) = self.nodes[i].take() {
-            child.kill().unwrap(); // SIGKILL
-            child.wait().unwrap();
-        }
-    }
-
-    /// The node that leads `stream` now, from the monitoring endpoint of a node
-    /// that is up (`/jsz?streams=true`).
-    fn stream_leader(&self, stream: &str) -> Option<usize> {
-        use std::io::{Read, Write};
-        for (i, port) in self.monitor_ports.iter().enumerate() {
-            if self.nodes[i].is_none() {
-                continue;
-            }
-            let Ok(mut http) = std::net::TcpStream::connect(("127.0.0.1", *port)) else {
-                continue;
-            };
-            let _ = http.set_read_timeout(Some(Duration::from_secs(2)));
-            let request = "GET /jsz?streams=true HTTP/1.0\r\nHost: localhost\r\n\r\n";
-            if http.write_all(request.as_bytes()).is_err() {
-                continue;
-            }
-            let mut body = String::new();
-            let _ = http.read_to_string(&mut body);
-            body.retain(|c| !c.is_whitespace());
-            // ... "name":"<stream>", ... "cluster":{ ... "leader":"n<i>" ...
-            let at = body.find(&format!("\"name\":\"{stream}\""))?;
-            let rest = &body[at..];
-            let leader = rest.find("\"leader\":\"n")?;
-            let digit = rest[leader + 11..].chars().next()?;
-            return digit.to_digit(10).map(|d| d as usize);
-        }
-        None
-    }
-
-    fn urls(&self) -> Vec<String> {
-        self.client_ports
-            .iter()
-            .map(|p| format!("nats://127.0.0.1:{p}"))
-            .collect()
-    }
-
-    fn config(&self, stream: &str) -> NatsConfig {
-        let mut config = NatsConfig::new(self.urls());
-        config.stream = stream.into();
-        config.subject_prefix = format!("idemstore.{}", stream.to_lowercase());
-        config.timeout = Duration::from_secs(3);
-        config
-    }
-
-    /// Opens the changelog, retrying while the cluster elects its first leaders.
-    fn open(&self, config: &NatsConfig) -> NatsChangelog {
-        let started = Instant::now();
-        loop {
-            match NatsChangelog::open(config) {
-                Ok(log) => return log,
-                Err(e) if started.elapsed() < Duration::from_secs(30) => {
-                    eprintln!("waiting for the cluster: {e}");
-                    std::thread::sleep(Duration::from_millis(250));
-                }
-                Err(e) => panic!("the cluster did not come up in 30 s: {e}"),
-            }
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for i in 0..3 {
-            self.kill_node(i);
-        }
-    }
 }
 
 fn mark(n: u64) -> Vec<u8> {
@@ -198,9 +56,11 @@ fn decode(message: &[u8]) -> (u64, u64) {
 
 #[test]
 fn the_changelog_on_a_real_cluster() {
-    let mut cluster = Cluster::start();
-    let config = cluster.config("FENCING");
-    let log = cluster.open(&config);
+    let mut cluster = start_cluster();
+    let config = config(&cluster, "FENCING");
+    let log = cluster
+        .open(&config, Duration::from_secs(30))
+        .expect("the cluster comes up");
 
     // Misconfiguration: the stream exists with 3 replicas; asking for 1 is refused.
     let mut other = config.clone();
@@ -291,7 +151,7 @@ fn the_changelog_on_a_real_cluster() {
             cluster.kill_node(victim);
         }
         if n == 400 {
-            cluster.start_node(victim);
+            cluster.start_node(victim).unwrap();
         }
         let mut answer = owner.append(&log, &[(Some(n), &mark(n))]);
         while let Err(ReplicationError::Changelog(e)) = &answer {

@@ -17,17 +17,23 @@
 //!
 //! - `NatsChangelog` (feature `nats`): [`Changelog`] on a NATS JetStream stream, with
 //!   `async-nats` on a runtime thread of its own; the core stays synchronous.
+//!   `LocalCluster` starts real `nats-server` nodes on loopback for tests, benchmarks
+//!   and the demo.
 //!
 //! What is not built yet: the store does not ship its records or restore them (no
 //! replication mode on `Store`). That builds on these pieces.
 
 mod changelog;
+#[cfg(feature = "nats")]
+mod local_cluster;
 mod memory;
 #[cfg(feature = "nats")]
 mod nats;
 mod owner;
 
 pub use changelog::{Changelog, ChangelogError, Entry};
+#[cfg(feature = "nats")]
+pub use local_cluster::{LocalCluster, nats_server_binary};
 pub use memory::{Fault, MemoryChangelog};
 #[cfg(feature = "nats")]
 pub use nats::{NatsChangelog, NatsConfig, NatsOpenError};
