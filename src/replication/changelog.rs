@@ -64,7 +64,4 @@ pub trait Changelog: Send + Sync {
     /// than `max` (or none) means the caller has reached the subject's end as the log
     /// stood when it answered.
     fn read(&self, subject: &str, after: u64, max: usize) -> Result<Vec<Entry>, ChangelogError>;
-
-    /// The last entry of `subject`, if it has one.
-    fn last(&self, subject: &str) -> Result<Option<Entry>, ChangelogError>;
 }

@@ -15,10 +15,10 @@ pub enum Fault {
     /// The call is not applied and answers [`ChangelogError::Timeout`].
     TimeoutBefore,
     /// An append is applied, but its ack is lost: it answers
-    /// [`ChangelogError::Timeout`]. (A read or `last` just times out.)
+    /// [`ChangelogError::Timeout`]. (A read just times out.)
     LostAck,
     /// An append is applied by the old leader and the answer is a leader change:
-    /// [`ChangelogError::Unavailable`]. (A read or `last` just fails.)
+    /// [`ChangelogError::Unavailable`]. (A read just fails.)
     LeaderChangeAfterApply,
 }
 
@@ -44,7 +44,7 @@ impl MemoryChangelog {
         MemoryChangelog::default()
     }
 
-    /// Queues a fault for the next call (append, read or last) that has none queued
+    /// Queues a fault for the next call (append or read) that has none queued
     /// before it.
     pub fn inject(&self, fault: Fault) {
         self.inner.lock().faults.push_back(fault);
@@ -144,18 +144,6 @@ impl Changelog for MemoryChangelog {
         let start = entries.partition_point(|entry| entry.seq <= after);
         Ok(entries[start..].iter().take(max).cloned().collect())
     }
-
-    fn last(&self, subject: &str) -> Result<Option<Entry>, ChangelogError> {
-        let mut inner = self.inner.lock();
-        if let Some(fault) = inner.faults.pop_front() {
-            return Err(refused(fault));
-        }
-        Ok(inner
-            .subjects
-            .get(subject)
-            .and_then(|entries| entries.last())
-            .cloned())
-    }
 }
 
 #[cfg(test)]
@@ -174,7 +162,7 @@ mod tests {
         log.inject(Fault::LostAck);
         assert_eq!(log.append("a", 1, b"2"), Err(ChangelogError::Timeout));
         assert_eq!(
-            log.last("a").unwrap().unwrap().seq,
+            log.entries("a").last().unwrap().seq,
             3,
             "applied all the same"
         );

@@ -5,7 +5,7 @@
 //!
 //! - [`Changelog`]: the small trait a replicated log implements — append with an
 //!   expected last sequence (the optimistic-concurrency primitive of NATS JetStream's
-//!   `Nats-Expected-Last-Subject-Sequence`), read from a position, read the last entry.
+//!   `Nats-Expected-Last-Subject-Sequence`), and read from a position.
 //! - [`MemoryChangelog`]: an in-process implementation with injected faults (lost
 //!   acks, timeouts, leader changes mid-publish), for deterministic tests of the
 //!   protocol beside the real engine.

@@ -270,20 +270,4 @@ impl Changelog for NatsChangelog {
             Ok(entries)
         })
     }
-
-    fn last(&self, subject: &str) -> Result<Option<Entry>, ChangelogError> {
-        let stream = self.stream.clone();
-        let subject = subject.to_string();
-        self.run(async move {
-            use async_nats::jetstream::stream::LastRawMessageErrorKind;
-            match stream.get_last_raw_message_by_subject(&subject).await {
-                Ok(message) => Ok(Some(Entry {
-                    seq: message.sequence,
-                    message: message.payload.to_vec(),
-                })),
-                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-                Err(e) => Err(unavailable(e)),
-            }
-        })
-    }
 }

@@ -214,8 +214,7 @@ impl PartitionOwner {
                     break;
                 }
             }
-            owner.pending = Some((1, fence.clone()));
-            match owner.send_pending(log) {
+            match owner.send(log, 1, &fence) {
                 Ok(_) => {
                     owner.next_batch = 2;
                     return Ok(Restored {
@@ -227,10 +226,7 @@ impl PartitionOwner {
                 }
                 // Someone appended after the end this owner read: read on. The
                 // fence was not applied (the subject's last is not ours).
-                Err(ReplicationError::Fenced { .. }) => {
-                    owner.fenced_by = None;
-                    owner.pending = None;
-                }
+                Err(ReplicationError::Fenced { .. }) => owner.fenced_by = None,
                 Err(e) => return Err(e),
             }
         }
@@ -322,12 +318,26 @@ impl PartitionOwner {
 
     /// Sends the pending message until its outcome is known: landed (its sequence),
     /// fenced, or — after [`SENDS_PER_CALL`] sends that did not land, or when even the
-    /// last entry cannot be read — the changelog's error, still pending.
+    /// entry after this owner's last cannot be read — the changelog's error, and the
+    /// message stays pending.
     fn send_pending(&mut self, log: &dyn Changelog) -> Result<u64, ReplicationError> {
-        let (batch, bytes) = self.pending.clone().expect("a pending message");
+        let (batch, bytes) = self.pending.take().expect("a pending message");
+        let sent = self.send(log, batch, &bytes);
+        if let Err(ReplicationError::Changelog(_)) = sent {
+            self.pending = Some((batch, bytes));
+        }
+        sent
+    }
+
+    fn send(
+        &mut self,
+        log: &dyn Changelog,
+        batch: u64,
+        bytes: &[u8],
+    ) -> Result<u64, ReplicationError> {
         let mut error = None;
         for _ in 0..SENDS_PER_CALL {
-            match log.append(&self.subject, self.last, &bytes) {
+            match log.append(&self.subject, self.last, bytes) {
                 Ok(seq) => return Ok(self.landed(seq)),
                 Err(e) => error = Some(e),
             }
@@ -358,13 +368,11 @@ impl PartitionOwner {
 
     fn landed(&mut self, seq: u64) -> u64 {
         self.last = seq;
-        self.pending = None;
         seq
     }
 
     fn fence(&mut self, by: u64) -> ReplicationError {
         self.fenced_by = Some(by);
-        self.pending = None;
         self.fenced(by)
     }
 }

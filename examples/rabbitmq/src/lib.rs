@@ -150,9 +150,7 @@ impl Ledger {
     /// the query "is there a stock movement for this order?"; the consumer asks it
     /// only for the few deliveries a crash may have left half done.
     pub fn contains(&self, order_id: &str) -> io::Result<bool> {
-        Ok(read_deductions(&self.path)?
-            .iter()
-            .any(|line| line.order_id == order_id))
+        ledger_contains(&self.path, order_id)
     }
 }
 
@@ -232,9 +230,7 @@ impl LedgerWriter {
     /// Whether the ledger holds a deduction for `order_id` (see [`Ledger::contains`]).
     /// Every deduction whose future has resolved is seen.
     pub fn contains(&self, order_id: &str) -> io::Result<bool> {
-        Ok(read_deductions(&self.path)?
-            .iter()
-            .any(|line| line.order_id == order_id))
+        ledger_contains(&self.path, order_id)
     }
 
     /// Write-and-fsync rounds so far: deductions per round is the group commit's gain.
@@ -251,6 +247,13 @@ impl Drop for LedgerWriter {
             let _ = thread.join();
         }
     }
+}
+
+/// Whether the ledger at `path` holds a deduction for `order_id`.
+fn ledger_contains(path: &Path, order_id: &str) -> io::Result<bool> {
+    Ok(read_deductions(path)?
+        .iter()
+        .any(|line| line.order_id == order_id))
 }
 
 /// One line of the ledger.
