@@ -60,9 +60,9 @@ fn main() {
     let mut latencies = Vec::with_capacity(single as usize);
     let started = Instant::now();
     for n in 0..single {
-        let record = mark(n);
+        let record = mark(0, n);
         let t = Instant::now();
-        owner.append(&log, &[(Some(n), &record)]).expect("append");
+        owner.append(&log, &[(DEADLINE, &record)]).expect("append");
         latencies.push(t.elapsed());
     }
     let elapsed = started.elapsed();
@@ -79,12 +79,11 @@ fn main() {
     let mut owner = PartitionOwner::take_over(&log, subject, "inventory", 1, 2, 0, &mut |_| {})
         .expect("take-over")
         .owner;
-    let records: Vec<Vec<u8>> = (0..marks).map(mark).collect();
+    let records: Vec<Vec<u8>> = (0..marks).map(|n| mark(1, n)).collect();
     let started = Instant::now();
     let mut positions = Vec::new();
     for chunk in records.chunks(batch as usize) {
-        let shipped: Vec<(Option<u64>, &[u8])> =
-            chunk.iter().map(|r| (None, r.as_slice())).collect();
+        let shipped: Vec<(u64, &[u8])> = chunk.iter().map(|r| (DEADLINE, r.as_slice())).collect();
         positions.push(owner.append(&log, &shipped).expect("append"));
     }
     let elapsed = started.elapsed();
@@ -128,9 +127,13 @@ fn main() {
     );
 }
 
-fn mark(n: u64) -> Vec<u8> {
-    fuzzing::encode_mark(
-        0,
+/// The bucket deadline the shipped records carry.
+const DEADLINE: u64 = 1_700_000_600_000;
+
+fn mark(partition: u32, n: u64) -> Vec<u8> {
+    fuzzing::encode_scoped_mark(
+        partition,
+        Some(n),
         n + 1,
         1_700_000_000_000,
         format!("order-{n:09}").as_bytes(),

@@ -75,6 +75,11 @@ pub struct Record {
     pub completed_at: Option<UnixMs>,
     /// The result stored by `Claim::complete`.
     pub result: Option<Vec<u8>>,
+    /// The partition of a partition-scoped key (`Namespace::partition`).
+    pub partition: Option<u32>,
+    /// The source offset its newest record was written for (`check_and_set_at`,
+    /// `begin_at`, and the claim's later records), if any.
+    pub offset: Option<u64>,
 }
 
 impl Record {

@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 
 use crate::engine::{Engine, Pending};
 use crate::error::Error;
+use crate::replication::replica::ShipWait;
 
 /// The durability wait of an operation already applied, then its answer.
 ///
@@ -29,12 +30,15 @@ pub struct Durable<T> {
     /// The commit ticket to wait for, until the commit thread covers it.
     ticket: Option<u64>,
     answer: Option<Result<T, Error>>,
+    /// Then the cluster's (`ReplicationMode::Sync`), until the shipper covers it.
+    ship: Option<ShipWait>,
 }
 
 impl<T> std::fmt::Debug for Durable<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Durable")
             .field("ticket", &self.ticket)
+            .field("ship", &self.ship)
             .field("resolved", &self.answer.is_none())
             .finish()
     }
@@ -50,34 +54,35 @@ impl<T> Durable<T> {
             engine: None,
             ticket: None,
             answer: Some(answer),
+            ship: None,
         }
     }
 
     /// The answer of an applied operation, waiting for a commit ticket if it must.
     pub(crate) fn after(engine: &Arc<Engine>, pending: Pending<Result<T, Error>>) -> Durable<T> {
-        if !pending.wait {
+        if !pending.wait && pending.ship.is_none() {
             return Durable::ready(pending.value);
         }
-        match engine.commit_ticket() {
-            Ok(ticket) => Durable {
-                engine: Some(Arc::clone(engine)),
-                ticket: Some(ticket),
-                answer: Some(pending.value),
-            },
-            Err(e) => Durable::ready(Err(e)),
+        let ticket = if pending.wait {
+            match engine.commit_ticket() {
+                Ok(ticket) => Some(ticket),
+                Err(e) => return Durable::ready(Err(e)),
+            }
+        } else {
+            None
+        };
+        Durable {
+            engine: Some(Arc::clone(engine)),
+            ticket,
+            answer: Some(pending.value),
+            ship: pending.ship,
         }
     }
 
     /// `after` for an operation that failed or was applied.
     pub(crate) fn applied(engine: &Arc<Engine>, applied: Result<Pending<T>, Error>) -> Durable<T> {
         match applied {
-            Ok(pending) => Durable::after(
-                engine,
-                Pending {
-                    value: Ok(pending.value),
-                    wait: pending.wait,
-                },
-            ),
+            Ok(pending) => Durable::after(engine, pending.map(Ok)),
             Err(e) => Durable::ready(Err(e)),
         }
     }
@@ -97,6 +102,19 @@ impl<T> Future for Durable<T> {
                         // The answer (a claim, say) is dropped here: released.
                         this.answer = None;
                         return Poll::Ready(Err(e));
+                    }
+                }
+            }
+        }
+        if let Some(ship) = &this.ship {
+            match ship.slot.poll(ship.target, ship.deadline, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(waited) => {
+                    let slot = Arc::clone(&ship.slot);
+                    this.ship = None;
+                    if let Err(e) = waited {
+                        this.answer = None;
+                        return Poll::Ready(Err(Error::from_wait(&slot, e)));
                     }
                 }
             }

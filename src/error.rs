@@ -89,6 +89,50 @@ pub enum Error {
         /// Why the batch stopped.
         source: Box<Error>,
     },
+    /// A write in a replicated partition this store does not own: it was never
+    /// restored here (`Store::restore_partition`), or it was released.
+    NotOwned {
+        /// The namespace.
+        namespace: String,
+        /// The partition.
+        partition: u32,
+    },
+    /// Another store took the partition over (its fencing token is `by`): this store
+    /// refuses writes in it until it restores the partition again. The consumer lost
+    /// the partition: stop processing its messages.
+    Fenced {
+        /// The namespace.
+        namespace: String,
+        /// The partition.
+        partition: u32,
+        /// The fencing token of the owner that took it over.
+        by: u64,
+    },
+    /// `ReplicationMode::Async` holds `budget` bytes of the partition's records that
+    /// the cluster has not stored yet: the write is refused (nothing was written).
+    /// Retry after a moment, or call `flush_partition`.
+    ReplicationBacklog {
+        /// The namespace.
+        namespace: String,
+        /// The partition.
+        partition: u32,
+        /// Bytes queued for the cluster.
+        queued_bytes: usize,
+        /// `Replication::buffer_bytes`.
+        budget: usize,
+    },
+    /// The cluster did not store the partition's records in time, or refused them:
+    /// `reason` says what happened. The write is applied locally; in `Sync` do not act
+    /// on it as replicated (retry the call: it answers from the local record and waits
+    /// for the cluster again).
+    Replication {
+        /// The namespace.
+        namespace: String,
+        /// The partition.
+        partition: u32,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// Where a file is damaged: opaque apart from its location and a description.
@@ -172,6 +216,38 @@ impl fmt::Display for Error {
                 "the batch stopped after its first {} ids: {source}; those ids are answered in `outcomes` (process the ones answered First), retry the rest",
                 outcomes.len()
             ),
+            Error::NotOwned {
+                namespace,
+                partition,
+            } => write!(
+                f,
+                "partition {partition} of namespace {namespace:?} is not owned by this store: call restore_partition({partition}) when it is assigned to this consumer"
+            ),
+            Error::Fenced {
+                namespace,
+                partition,
+                by,
+            } => write!(
+                f,
+                "partition {partition} of namespace {namespace:?} was taken over by another owner (fencing token {by}): this consumer lost it; stop processing its messages"
+            ),
+            Error::ReplicationBacklog {
+                namespace,
+                partition,
+                queued_bytes,
+                budget,
+            } => write!(
+                f,
+                "partition {partition} of namespace {namespace:?} has {queued_bytes} bytes not yet stored by the cluster (budget {budget}): nothing was written; retry shortly or call flush_partition, and check the cluster"
+            ),
+            Error::Replication {
+                namespace,
+                partition,
+                reason,
+            } => write!(
+                f,
+                "replication of partition {partition} of namespace {namespace:?}: {reason}"
+            ),
         }
     }
 }
@@ -192,6 +268,35 @@ impl Error {
             op,
             path: path.into(),
             source,
+        }
+    }
+
+    /// The error a failed wait for the cluster gives its caller.
+    pub(crate) fn from_wait(
+        slot: &crate::replication::replica::Slot,
+        wait: crate::replication::replica::WaitError,
+    ) -> Error {
+        use crate::replication::replica::WaitError;
+        let (namespace, partition) = (slot.namespace.clone(), slot.partition);
+        match wait {
+            WaitError::Fenced(by) => Error::Fenced {
+                namespace,
+                partition,
+                by,
+            },
+            WaitError::Timeout(last) => Error::Replication {
+                namespace,
+                partition,
+                reason: match last {
+                    Some(e) => format!("not stored by the cluster within the timeout; last error: {e}"),
+                    None => "not stored by the cluster within the timeout".to_string(),
+                },
+            },
+            WaitError::Dropped => Error::Replication {
+                namespace,
+                partition,
+                reason: "the partition was released or the store closed before its records were stored by the cluster".to_string(),
+            },
         }
     }
 

@@ -42,6 +42,34 @@ pub fn encode_mark(namespace_id: u32, lsn: u64, first_seen_ms: u64, id: &[u8]) -
     let record = record::StoredRecord {
         state: record::State::Seen,
         namespace_id,
+        placement: record::Placement::UNSCOPED,
+        lsn: crate::addr::Lsn(lsn),
+        first_seen_ms,
+        id,
+        claim: record::ClaimFields::default(),
+        result: None,
+    };
+    let mut out = vec![0u8; record.encoded_len()];
+    record.encode_into(&mut out);
+    out
+}
+
+/// Encodes a partition-scoped `check_and_set` mark record (format v2), as a
+/// partition's changelog carries them.
+pub fn encode_scoped_mark(
+    partition: u32,
+    offset: Option<u64>,
+    lsn: u64,
+    first_seen_ms: u64,
+    id: &[u8],
+) -> Vec<u8> {
+    let record = record::StoredRecord {
+        state: record::State::Seen,
+        namespace_id: 0,
+        placement: record::Placement {
+            partition: Some(partition),
+            offset,
+        },
         lsn: crate::addr::Lsn(lsn),
         first_seen_ms,
         id,
@@ -56,6 +84,8 @@ pub fn encode_mark(namespace_id: u32, lsn: u64, first_seen_ms: u64, id: &[u8]) -
 /// The fields of a segment header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentHeaderFields {
+    /// The format version (1 or 2).
+    pub version: u32,
     /// Unix ms at which every key in the segment is forgotten.
     pub bucket_deadline_ms: u64,
     /// Segment sequence number.
@@ -72,6 +102,7 @@ pub const SEGMENT_HEADER_LEN: usize = segment_header::LEN;
 /// Decodes a segment header; `Err` says what is wrong.
 pub fn decode_segment_header(bytes: &[u8]) -> Result<SegmentHeaderFields, String> {
     segment_header::SegmentHeader::decode(bytes).map(|h| SegmentHeaderFields {
+        version: h.version,
         bucket_deadline_ms: h.bucket_deadline_ms,
         segment_seq: h.segment_seq,
         created_ms: h.created_ms,
@@ -82,6 +113,7 @@ pub fn decode_segment_header(bytes: &[u8]) -> Result<SegmentHeaderFields, String
 /// Encodes a segment header.
 pub fn encode_segment_header(fields: SegmentHeaderFields) -> [u8; SEGMENT_HEADER_LEN] {
     segment_header::SegmentHeader {
+        version: fields.version,
         bucket_deadline_ms: fields.bucket_deadline_ms,
         segment_seq: fields.segment_seq,
         created_ms: fields.created_ms,
@@ -151,8 +183,8 @@ pub struct DecodedChangelogMessage {
     pub batch: u64,
     /// The partition.
     pub partition: u32,
-    /// `(source offset, id)` of each record.
-    pub records: Vec<(Option<u64>, Vec<u8>)>,
+    /// `(bucket deadline, source offset, id)` of each record.
+    pub records: Vec<(u64, Option<u64>, Vec<u8>)>,
     /// The message encoded again from its decoded fields.
     pub reencoded: Vec<u8>,
 }
@@ -161,17 +193,16 @@ pub struct DecodedChangelogMessage {
 pub fn decode_changelog_message(bytes: &[u8]) -> Result<DecodedChangelogMessage, String> {
     use crate::format::changelog;
     let message = changelog::decode(bytes).map_err(|e| format!("{e:?}"))?;
-    let encoded: Vec<(Option<u64>, Vec<u8>)> = message
+    let encoded: Vec<(u64, Vec<u8>)> = message
         .records
         .iter()
-        .map(|(offset, record)| {
+        .map(|(deadline, record)| {
             let mut out = vec![0u8; record.encoded_len()];
             record.encode_into(&mut out);
-            (*offset, out)
+            (*deadline, out)
         })
         .collect();
-    let borrowed: Vec<(Option<u64>, &[u8])> =
-        encoded.iter().map(|(o, r)| (*o, r.as_slice())).collect();
+    let borrowed: Vec<(u64, &[u8])> = encoded.iter().map(|(d, r)| (*d, r.as_slice())).collect();
     Ok(DecodedChangelogMessage {
         owner: message.header.owner,
         batch: message.header.batch,
@@ -179,24 +210,23 @@ pub fn decode_changelog_message(bytes: &[u8]) -> Result<DecodedChangelogMessage,
         records: message
             .records
             .iter()
-            .map(|(offset, record)| (*offset, record.id.to_vec()))
+            .map(|(deadline, record)| (*deadline, record.placement.offset, record.id.to_vec()))
             .collect(),
         reencoded: changelog::encode(&message.header, &borrowed),
     })
 }
 
 /// Encodes a records changelog message (for seeds and tests): `records` are
-/// `(source offset, record bytes)`, e.g. from [`encode_mark`].
+/// `(bucket deadline, record bytes)`, e.g. from [`encode_scoped_mark`].
 pub fn encode_changelog_message(
     namespace: &str,
     partition: u32,
     owner: u64,
     batch: u64,
-    records: &[(Option<u64>, Vec<u8>)],
+    records: &[(u64, Vec<u8>)],
 ) -> Vec<u8> {
     use crate::format::changelog;
-    let borrowed: Vec<(Option<u64>, &[u8])> =
-        records.iter().map(|(o, r)| (*o, r.as_slice())).collect();
+    let borrowed: Vec<(u64, &[u8])> = records.iter().map(|(d, r)| (*d, r.as_slice())).collect();
     let header = changelog::MessageHeader {
         kind: changelog::Kind::Records,
         namespace,

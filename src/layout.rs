@@ -7,6 +7,10 @@ pub(crate) const NAMESPACES: &str = "NAMESPACES";
 pub(crate) const CHECKPOINT: &str = "CHECKPOINT";
 /// The checkpoint while it is written, renamed to `CHECKPOINT` once synced.
 pub(crate) const CHECKPOINT_TEMP: &str = "CHECKPOINT.tmp";
+/// The replicated partitions' changelog positions (`format::partitions`).
+pub(crate) const PARTITIONS: &str = "PARTITIONS";
+/// `PARTITIONS` while it is written.
+pub(crate) const PARTITIONS_TEMP: &str = "PARTITIONS.tmp";
 /// The file the directory lock (`flock`) is taken on.
 pub(crate) const LOCK: &str = "LOCK";
 
@@ -40,6 +44,8 @@ pub(crate) fn is_checkpoint_file(name: &str) -> bool {
 pub(crate) fn is_known_file(name: &str) -> bool {
     name == NAMESPACES
         || name == LOCK
+        || name == PARTITIONS
+        || name == PARTITIONS_TEMP
         || is_checkpoint_file(name)
         || parse_segment_file_name(name).is_some()
 }
@@ -66,7 +72,14 @@ mod tests {
 
     #[test]
     fn every_name_the_store_writes_is_known() {
-        for name in [NAMESPACES, CHECKPOINT, CHECKPOINT_TEMP, LOCK] {
+        for name in [
+            NAMESPACES,
+            CHECKPOINT,
+            CHECKPOINT_TEMP,
+            LOCK,
+            PARTITIONS,
+            PARTITIONS_TEMP,
+        ] {
             assert!(is_known_file(name), "{name}");
         }
         assert!(is_known_file(&segment_file_name(1, 2)));

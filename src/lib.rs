@@ -71,12 +71,14 @@ pub use answer::{Imported, Outcome, Record, Seen, Status};
 pub use check::{VERIFY_LISTED_MAX, VerifyReport, verify, verify_with_progress};
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
 pub use durable::Durable;
+pub use engine::{PartitionInfo, ReleaseReport, RestoreReport};
 pub use error::{Corruption, Error};
 pub use namespace::{Begin, Claim, Namespace};
 pub use operations::{LATENCY_SAMPLE_EVERY, LatencyHistogram, OperationStats};
 pub use options::Durability;
 pub use policy::Policy;
-pub use stats::Stats;
+pub use replication::{Replication, ReplicationMode};
+pub use stats::{ReplicationStats, Stats};
 pub use store::{Store, StoreBuilder};
 
 /// Entry points for the fuzz targets in `fuzz/` (feature `testing`; not a supported

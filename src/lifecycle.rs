@@ -7,7 +7,7 @@ use crate::addr::Lsn;
 use crate::answer::{Record, Status};
 use crate::clock::UnixMs;
 use crate::expiry::deadline::bucket_deadline;
-use crate::format::record::{ClaimFields, State};
+use crate::format::record::{ClaimFields, Placement, State};
 
 /// A key's newest record, as the index found it. `state` is the effective state:
 /// a claim in progress of an earlier process reads as released
@@ -21,6 +21,8 @@ pub(crate) struct Current {
     pub claim: ClaimFields,
     /// Identifies the acquisition a claim holds.
     pub lsn: Lsn,
+    /// The record's partition and source offset, if scoped.
+    pub placement: Placement,
 }
 
 impl Current {
@@ -62,6 +64,16 @@ pub(crate) enum Request<'a> {
         how: Resolution<'a>,
     },
     Remove,
+    /// A record shipped by the partition's previous owner (`restore_partition`): the
+    /// changelog is the partition's history, so its newer record replaces whatever
+    /// the key holds here, unless its bucket has passed.
+    Replicate {
+        state: State,
+        first_seen: UnixMs,
+        claim: ClaimFields,
+        result: Option<&'a [u8]>,
+        deadline: UnixMs,
+    },
     /// Puts an exported record back (`Namespace::import`).
     Import {
         state: State,
@@ -252,6 +264,27 @@ pub(crate) fn decide<'a>(
                 deadline: c.deadline,
             }),
         },
+        Request::Replicate {
+            state,
+            first_seen,
+            claim,
+            result,
+            deadline,
+        } => {
+            if deadline <= now {
+                Decision::Keep(Kept::Expired)
+            } else {
+                Decision::Append(Write {
+                    state,
+                    first_seen,
+                    claim,
+                    result,
+                    // Never earlier than the live record it replaces (a bucket's
+                    // deletion must not uncover it).
+                    deadline: live.map_or(deadline, |c| c.deadline.max(deadline)),
+                })
+            }
+        }
         Request::Import {
             state,
             first_seen,
@@ -321,6 +354,8 @@ pub(crate) fn public_record(current: &Current, result: Option<&[u8]>) -> Record 
         } else {
             None
         },
+        partition: current.placement.partition,
+        offset: current.placement.offset,
     }
 }
 

@@ -8,7 +8,9 @@ use crate::addr::Lsn;
 use crate::answer::{Imported, Outcome, Record};
 use crate::clock::{UnixMs, duration_ms_ceil};
 use crate::durable::Durable;
-use crate::engine::{Began, Engine, Pending, Resolved, Scope};
+use crate::engine::{
+    Began, Engine, PartitionInfo, Pending, ReleaseReport, Resolved, RestoreReport, Scope,
+};
 use crate::error::Error;
 use crate::lifecycle::Resolution;
 use crate::operations::{self, Timed};
@@ -62,19 +64,31 @@ impl Namespace {
         }
     }
 
-    fn scope(&self) -> Scope {
-        self.scope
+    fn scope(&self) -> &Scope {
+        &self.scope
     }
 
-    fn begin_scoped(&self, id: &[u8], payload_fp: Option<u64>) -> Result<Begin, Error> {
+    fn begin_scoped(
+        &self,
+        id: &[u8],
+        offset: Option<u64>,
+        payload_fp: Option<u64>,
+    ) -> Result<Begin, Error> {
         // On a failed wait an acquired claim drops here and is released (best effort).
-        self.inner.settle(self.begin_pending(id, payload_fp)?)
+        self.inner
+            .settle(self.begin_pending(id, offset, payload_fp)?)
     }
 
     /// `begin` applied, its answer built (a `Claim` for an acquisition), before the
     /// durability wait.
-    fn begin_pending(&self, id: &[u8], payload_fp: Option<u64>) -> Result<Pending<Begin>, Error> {
-        let pending = self.inner.begin(self.scope(), id, payload_fp)?;
+    fn begin_pending(
+        &self,
+        id: &[u8],
+        offset: Option<u64>,
+        payload_fp: Option<u64>,
+    ) -> Result<Pending<Begin>, Error> {
+        let offset = self.offset(offset)?;
+        let pending = self.inner.begin(self.scope(), id, offset, payload_fp)?;
         let answer = match pending.value {
             Began::Acquired {
                 attempt,
@@ -83,6 +97,7 @@ impl Namespace {
             } => Begin::Acquired(Claim {
                 namespace: self.clone(),
                 id: id.to_vec(),
+                offset,
                 attempt,
                 lsn,
                 lease_until,
@@ -95,7 +110,133 @@ impl Namespace {
         Ok(Pending {
             value: answer,
             wait: pending.wait,
+            ship: pending.ship,
         })
+    }
+
+    /// A source offset to record: only on a partition handle, never `u64::MAX`.
+    fn offset(&self, offset: Option<u64>) -> Result<Option<u64>, Error> {
+        match offset {
+            Some(_) if self.scope.partition.is_none() => Err(Error::invalid_option(
+                "a source offset is recorded only in a partition: use namespace.partition(p)",
+            )),
+            Some(u64::MAX) => Err(Error::invalid_option(
+                "source offset u64::MAX is reserved (it encodes \"none\")",
+            )),
+            other => Ok(other),
+        }
+    }
+
+    /// A handle to partition `partition` of this namespace (a Kafka partition, a
+    /// queue index): its keys are the partition's own — the same id in two partitions
+    /// is two keys — and its records carry the partition, so that the partition can
+    /// move between stores (`restore_partition`, `release_partition`). In a store
+    /// opened with [`replication`](crate::StoreBuilder::replication), writes are
+    /// refused (`Error::NotOwned`) until the partition is restored here.
+    pub fn partition(&self, partition: u32) -> Result<Namespace, Error> {
+        if partition == u32::MAX {
+            return Err(Error::invalid_key(
+                "partition u32::MAX is reserved (it encodes \"no partition\")",
+            ));
+        }
+        let slot = self.inner.partition_slot(&self.name, self.id, partition);
+        Ok(Namespace {
+            scope: Scope {
+                partition: Some(partition),
+                slot: Some(slot),
+                ..self.scope.clone()
+            },
+            ..self.clone()
+        })
+    }
+
+    /// The partition of a partition handle.
+    pub fn partition_id(&self) -> Option<u32> {
+        self.scope.partition
+    }
+
+    /// On assignment: reads the partition's changelog from where this store's copy
+    /// is (nothing: from the start; a warm copy: only what was written since), applies
+    /// it, and takes the partition over, fencing the previous owner: from then on its
+    /// appends are refused by the changelog and it gets `Error::Fenced`. Call before
+    /// processing the partition's first message. Without replication, nothing to do.
+    pub fn restore_partition(&self) -> Result<RestoreReport, Error> {
+        self.inner.restore_partition(self.scope())
+    }
+
+    /// Returns once every record of the partition written so far is stored by the
+    /// cluster (a quorum), or a typed error within the replication timeout. Call it
+    /// before committing the source offsets (Async mode). Without replication, at once.
+    pub fn flush_partition(&self) -> Result<(), Error> {
+        self.inner.flush_partition(self.scope())
+    }
+
+    /// [`flush_partition`](Namespace::flush_partition) as a future, woken by the
+    /// shipping thread.
+    pub fn flush_partition_async(&self) -> Durable<()> {
+        match self.inner.flush_partition_wait(self.scope()) {
+            Ok(ship) => Durable::after(
+                &self.inner,
+                Pending {
+                    value: Ok(()),
+                    wait: false,
+                    ship,
+                },
+            ),
+            Err(e) => Durable::ready(Err(e)),
+        }
+    }
+
+    /// On revoke: flushes the partition, then gives it up (writes answer
+    /// `Error::NotOwned` until it is restored here again). The local records stay as
+    /// a warm standby. If the flush failed the partition is given up all the same and
+    /// the error says so: its unflushed records may be missing on the next owner.
+    pub fn release_partition(&self) -> Result<ReleaseReport, Error> {
+        self.inner.release_partition(self.scope())
+    }
+
+    /// The partition's state here: owned, fenced, its highest source offset marked,
+    /// its changelog position.
+    pub fn partition_info(&self) -> Result<PartitionInfo, Error> {
+        self.inner.partition_info(self.scope())
+    }
+
+    /// [`check_and_set`](Namespace::check_and_set) of the message at source position
+    /// `offset` (a Kafka offset, a stream sequence), recorded with the mark: `get`,
+    /// `scan` and `export` show it, and the partition tracks the highest offset marked.
+    /// Only on a partition handle.
+    pub fn check_and_set_at(&self, id: impl AsRef<[u8]>, offset: u64) -> Result<Outcome, Error> {
+        let started = operations::start_timer();
+        let offset = self.offset(Some(offset))?;
+        let outcome = self.inner.check_and_set(self.scope(), id.as_ref(), offset);
+        self.inner.record_latency(Timed::CheckAndSet, started);
+        outcome
+    }
+
+    /// [`check_and_set_at`](Namespace::check_and_set_at) as a future.
+    pub fn check_and_set_at_async(&self, id: impl AsRef<[u8]>, offset: u64) -> Durable<Outcome> {
+        let pending = self.offset(Some(offset)).and_then(|offset| {
+            self.inner
+                .check_and_set_pending(self.scope(), id.as_ref(), offset)
+        });
+        Durable::applied(&self.inner, pending)
+    }
+
+    /// [`begin`](Namespace::begin) of the message at source position `offset`; the
+    /// claim's records carry it. Only on a partition handle.
+    pub fn begin_at(&self, id: impl AsRef<[u8]>, offset: u64) -> Result<Begin, Error> {
+        let started = operations::start_timer();
+        let answer = self.begin_scoped(id.as_ref(), Some(offset), None);
+        self.inner.record_latency(Timed::Begin, started);
+        answer
+    }
+
+    /// [`begin_at`](Namespace::begin_at) as a future.
+    pub fn begin_at_async(&self, id: impl AsRef<[u8]>, offset: u64) -> Durable<Begin> {
+        Durable::applied(
+            &self.inner,
+            self.begin_pending(id.as_ref(), Some(offset), None),
+        )
     }
 
     /// [`check_and_set`](Namespace::check_and_set) for async consumers: the mark is
@@ -105,7 +246,8 @@ impl Namespace {
     pub fn check_and_set_async(&self, id: impl AsRef<[u8]>) -> Durable<Outcome> {
         Durable::applied(
             &self.inner,
-            self.inner.check_and_set_pending(self.scope(), id.as_ref()),
+            self.inner
+                .check_and_set_pending(self.scope(), id.as_ref(), None),
         )
     }
 
@@ -122,7 +264,7 @@ impl Namespace {
     /// answer decided) when this is called; the future resolves once it may be acted
     /// on. Dropped before it resolves, an acquired claim is released.
     pub fn begin_async(&self, id: impl AsRef<[u8]>) -> Durable<Begin> {
-        Durable::applied(&self.inner, self.begin_pending(id.as_ref(), None))
+        Durable::applied(&self.inner, self.begin_pending(id.as_ref(), None, None))
     }
 
     /// [`begin_with_payload`](Namespace::begin_with_payload) for async consumers.
@@ -130,7 +272,7 @@ impl Namespace {
         let fingerprint = xxhash_rust::xxh3::xxh3_64(payload);
         Durable::applied(
             &self.inner,
-            self.begin_pending(id.as_ref(), Some(fingerprint)),
+            self.begin_pending(id.as_ref(), None, Some(fingerprint)),
         )
     }
 
@@ -151,7 +293,7 @@ impl Namespace {
         self.inner.validate_policy(&policy)?;
         Ok(Namespace {
             policy,
-            scope: Scope::new(self.id, &policy),
+            scope: self.scope.with_policy(&policy),
             ..self.clone()
         })
     }
@@ -160,7 +302,7 @@ impl Namespace {
     /// `Duplicate`. The drop-in for Redis `SET key 1 NX EX ttl`.
     pub fn check_and_set(&self, id: impl AsRef<[u8]>) -> Result<Outcome, Error> {
         let started = operations::start_timer();
-        let outcome = self.inner.check_and_set(self.scope(), id.as_ref());
+        let outcome = self.inner.check_and_set(self.scope(), id.as_ref(), None);
         self.inner.record_latency(Timed::CheckAndSet, started);
         outcome
     }
@@ -175,7 +317,7 @@ impl Namespace {
     /// lease, or exhausted.
     pub fn begin(&self, id: impl AsRef<[u8]>) -> Result<Begin, Error> {
         let started = operations::start_timer();
-        let answer = self.begin_scoped(id.as_ref(), None);
+        let answer = self.begin_scoped(id.as_ref(), None, None);
         self.inner.record_latency(Timed::Begin, started);
         answer
     }
@@ -185,7 +327,7 @@ impl Namespace {
     pub fn begin_with_payload(&self, id: impl AsRef<[u8]>, payload: &[u8]) -> Result<Begin, Error> {
         let started = operations::start_timer();
         let fingerprint = xxhash_rust::xxh3::xxh3_64(payload);
-        let answer = self.begin_scoped(id.as_ref(), Some(fingerprint));
+        let answer = self.begin_scoped(id.as_ref(), None, Some(fingerprint));
         self.inner.record_latency(Timed::Begin, started);
         answer
     }
@@ -220,8 +362,26 @@ impl Namespace {
     ///   an imported key does not detect a payload mismatch.
     ///
     /// The write is as durable as any other under the store's durability mode.
+    /// - A record with a `partition` goes into that partition (on a handle of another
+    ///   partition: `Error::InvalidOption`), with its `offset`; in a replicated store
+    ///   the partition must be owned here.
     pub fn import(&self, id: impl AsRef<[u8]>, record: &Record) -> Result<Imported, Error> {
-        self.inner.import(self.scope(), id.as_ref(), record)
+        match (record.partition, self.scope.partition) {
+            (None, _) => self.inner.import(self.scope(), id.as_ref(), None, record),
+            (Some(p), None) => {
+                let partition = self.partition(p)?;
+                let offset = partition.offset(record.offset)?;
+                self.inner
+                    .import(partition.scope(), id.as_ref(), offset, record)
+            }
+            (Some(p), Some(here)) if p == here => {
+                let offset = self.offset(record.offset)?;
+                self.inner.import(self.scope(), id.as_ref(), offset, record)
+            }
+            (Some(p), Some(here)) => Err(Error::invalid_option(format!(
+                "a record of partition {p} imported through a handle of partition {here}"
+            ))),
+        }
     }
 }
 
@@ -232,6 +392,8 @@ impl Namespace {
 pub struct Claim {
     pub(crate) namespace: Namespace,
     pub(crate) id: Vec<u8>,
+    /// The source offset the claim was begun at: its records carry it.
+    pub(crate) offset: Option<u64>,
     pub(crate) attempt: u32,
     /// The lsn of the record this claim last wrote: any other write to the key since
     /// (a re-acquisition after the lease ran out or the key expired, a remove) means
@@ -331,17 +493,11 @@ impl Claim {
         // The write is made: from now on the claim is this record's acquisition.
         self.lease_until = pending.value.lease_until;
         self.lsn = pending.value.lsn;
-        Ok(Pending {
-            value: (),
-            wait: pending.wait,
-        })
+        Ok(pending.map(|_| ()))
     }
 
     fn durable(&self, resolved: Result<Pending<Resolved>, Error>) -> Durable<()> {
-        let done = resolved.map(|pending| Pending {
-            value: (),
-            wait: pending.wait,
-        });
+        let done = resolved.map(|pending| pending.map(|_| ()));
         Durable::applied(&self.namespace.inner, done)
     }
 
@@ -354,6 +510,7 @@ impl Claim {
         self.namespace.inner.resolve(
             self.namespace.scope(),
             &self.id,
+            self.offset,
             self.attempt,
             self.lsn,
             how,

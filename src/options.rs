@@ -40,6 +40,7 @@ pub(crate) struct Options {
     pub strict: bool,
     pub read_only: bool,
     pub clock: Arc<dyn Clock>,
+    pub replication: Option<crate::replication::replica::Replication>,
 }
 
 impl Default for Options {
@@ -55,6 +56,7 @@ impl Default for Options {
             strict: false,
             read_only: false,
             clock: Arc::new(SystemClock),
+            replication: None,
         }
     }
 }
@@ -113,9 +115,20 @@ impl Options {
                 limits::SEGMENT_SIZE_BYTES_MAX
             )));
         }
+        if let Some(replication) = &self.replication {
+            if self.read_only {
+                return Err(Error::invalid_option(
+                    "replication on a read-only store: a read-only store does not write, so it cannot own partitions",
+                ));
+            }
+            replication.validate().map_err(Error::invalid_option)?;
+        }
         // The largest record these limits allow must fit in one segment after its header.
-        let record_len_max =
-            record::HEADER_LEN + self.max_key_len + record::CLAIM_BODY_LEN + self.max_result_len;
+        let record_len_max = record::HEADER_LEN
+            + record::SCOPE_LEN
+            + self.max_key_len
+            + record::CLAIM_BODY_LEN
+            + self.max_result_len;
         if (record_len_max + segment_header::LEN) as u64 > self.segment_size_bytes {
             return Err(Error::invalid_option(format!(
                 "segment_size of {} bytes cannot hold the largest record that max_key_len ({}) and max_result_len ({}) allow ({record_len_max} bytes + a {}-byte header); raise segment_size or lower the limits",

@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 6] = [
+pub const PLANTED_BUGS: [&str; 7] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -22,6 +22,8 @@ pub const PLANTED_BUGS: [&str; 6] = [
     // replication: a writer that finds another owner's message at the end of the
     // subject catches up to it and appends again instead of taking itself as fenced.
     "zombie-catches-up",
+    // replication: a Sync write answers before its record is stored by the cluster.
+    "sync-acks-before-ship",
 ];
 
 /// Whether the planted bug `name` is switched on (always false without the feature).

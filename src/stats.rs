@@ -65,4 +65,38 @@ pub struct Stats {
     /// passed but whose files are not deleted yet; zero when it is caught up. (Keys of
     /// such a bucket are already treated as forgotten; only their space is held.)
     pub expiry_lag: Duration,
+    /// Replication of partition-scoped namespaces (all zero when not replicated).
+    pub replication: ReplicationStats,
+}
+
+/// What replication did and holds (`Stats::replication`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplicationStats {
+    /// Partitions this store has state for (restored, released or fenced).
+    pub partitions: u64,
+    /// Partitions this store owns now.
+    pub owned: u64,
+    /// Partitions another owner took over from this store.
+    pub fenced: u64,
+    /// Records written and not yet stored by the cluster.
+    pub queued_records: u64,
+    /// Their bytes (the `buffer_bytes` budget applies per partition).
+    pub queued_bytes: u64,
+    /// Records stored by the cluster since open.
+    pub shipped_records: u64,
+    /// Changelog messages stored since open.
+    pub shipped_messages: u64,
+    /// Bytes of records stored since open.
+    pub shipped_bytes: u64,
+    /// How long the oldest record queued now has waited (zero when none is).
+    pub lag: Duration,
+    /// Restores since open, and the changelog messages they read.
+    pub restores: u64,
+    /// Changelog messages restores read.
+    pub restored_messages: u64,
+    /// Records restores applied.
+    pub restored_records: u64,
+    /// Changelog messages that failed their checksum or structure check, skipped.
+    pub damaged_messages: u64,
 }

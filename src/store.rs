@@ -101,6 +101,17 @@ impl StoreBuilder {
         self
     }
 
+    /// Replicates the store's partition handles (`Namespace::partition`) to a
+    /// changelog (`docs/REPLICATION.md`): each partition is written only where it is
+    /// owned (`restore_partition` on assignment, `release_partition` on revoke), and
+    /// its records ship to the changelog, in the background (`ReplicationMode::Async`,
+    /// with `flush_partition`) or before each call returns (`Sync`). Namespaces used
+    /// without a partition stay local.
+    pub fn replication(mut self, replication: crate::Replication) -> Self {
+        self.options.replication = Some(replication);
+        self
+    }
+
     /// Where time comes from (default the system clock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.options.clock = Arc::new(clock);

@@ -28,6 +28,8 @@ use proptest::prelude::*;
 const SUBJECT: &str = "idem.test.inventory.7";
 const NAMESPACE: &str = "inventory";
 const PARTITION: u32 = 7;
+/// The bucket deadline the shipped records carry.
+const DEADLINE: u64 = 1_700_000_600_000;
 const WRITERS: usize = 3;
 const KEYS: u8 = 12;
 
@@ -184,12 +186,18 @@ impl World {
             return; // a duplicate: skipped
         }
         let id = format!("key-{key}");
-        let record = fuzzing::encode_mark(0, u64::from(key), 1_700_000_000_000, id.as_bytes());
+        let record = fuzzing::encode_scoped_mark(
+            PARTITION,
+            Some(u64::from(key)),
+            u64::from(key),
+            1_700_000_000_000,
+            id.as_bytes(),
+        );
         let token = owner.token();
         // The key of the message this call writes, whatever the answer: a take-over
         // may restore a message whose append was not answered `Ok`.
         self.keys.insert((token, owner.next_batch()), key);
-        let answer = owner.append(&self.log, &[(Some(u64::from(key)), &record)]);
+        let answer = owner.append(&self.log, &[(DEADLINE, &record)]);
         if writer.fenced {
             assert!(
                 matches!(answer, Err(ReplicationError::Fenced { .. })),
@@ -278,9 +286,9 @@ fn fresh_owner(log: &MemoryChangelog, token: u64) -> PartitionOwner {
 #[test]
 fn a_zombie_is_fenced_and_stays_fenced() {
     let log = MemoryChangelog::new();
-    let record = fuzzing::encode_mark(0, 1, 1, b"order-1");
+    let record = fuzzing::encode_scoped_mark(PARTITION, None, 1, 1, b"order-1");
     let mut old = fresh_owner(&log, 11);
-    let first = old.append(&log, &[(Some(100), &record)]).unwrap();
+    let first = old.append(&log, &[(DEADLINE, &record)]).unwrap();
     let mut restored = Vec::new();
     let new = PartitionOwner::take_over(&log, SUBJECT, NAMESPACE, PARTITION, 22, 0, &mut |s| {
         restored.push((s.seq, s.owner, s.batch))
@@ -288,7 +296,7 @@ fn a_zombie_is_fenced_and_stays_fenced() {
     .unwrap();
     assert_eq!(restored, [(1, 11, 1), (first, 11, 2)]);
     assert_eq!(new.messages, 2);
-    let zombie = old.append(&log, &[(Some(101), &record)]);
+    let zombie = old.append(&log, &[(DEADLINE, &record)]);
     assert_eq!(
         zombie,
         Err(ReplicationError::Fenced {
@@ -299,21 +307,21 @@ fn a_zombie_is_fenced_and_stays_fenced() {
     assert!(old.is_fenced());
     assert_eq!(log.appends_applied(), 3, "the zombie's append never landed");
     // Final: not even an attempt any more.
-    assert!(old.append(&log, &[(None, &record)]).is_err());
+    assert!(old.append(&log, &[(DEADLINE, &record)]).is_err());
     assert_eq!(log.appends_applied(), 3);
 }
 
 #[test]
 fn a_lost_ack_is_resolved_as_landed_without_a_second_copy() {
     let log = MemoryChangelog::new();
-    let record = fuzzing::encode_mark(0, 1, 1, b"order-1");
+    let record = fuzzing::encode_scoped_mark(PARTITION, None, 1, 1, b"order-1");
     let mut owner = fresh_owner(&log, 5);
     log.inject(Fault::LostAck);
-    let seq = owner.append(&log, &[(None, &record)]).unwrap();
+    let seq = owner.append(&log, &[(DEADLINE, &record)]).unwrap();
     assert_eq!(log.entries(SUBJECT).len(), 2);
     assert_eq!(log.entries(SUBJECT)[1].seq, seq);
     log.inject(Fault::LeaderChangeAfterApply);
-    let seq = owner.append(&log, &[(None, &record)]).unwrap();
+    let seq = owner.append(&log, &[(DEADLINE, &record)]).unwrap();
     assert_eq!(log.entries(SUBJECT).len(), 3);
     assert_eq!(owner.last_seq(), seq);
 }
@@ -322,19 +330,19 @@ fn a_lost_ack_is_resolved_as_landed_without_a_second_copy() {
 fn an_unreachable_log_leaves_the_message_pending_and_the_next_call_sends_it_first() {
     let log = MemoryChangelog::new();
     let (a, b) = (
-        fuzzing::encode_mark(0, 1, 1, b"order-1"),
-        fuzzing::encode_mark(0, 2, 1, b"order-2"),
+        fuzzing::encode_scoped_mark(PARTITION, None, 1, 1, b"order-1"),
+        fuzzing::encode_scoped_mark(PARTITION, None, 2, 1, b"order-2"),
     );
     let mut owner = fresh_owner(&log, 5);
     // The send and the look at the entry after it both fail: outcome unknown.
     log.inject(Fault::TimeoutBefore);
     log.inject(Fault::Unavailable);
     assert!(matches!(
-        owner.append(&log, &[(None, &a)]),
+        owner.append(&log, &[(DEADLINE, &a)]),
         Err(ReplicationError::Changelog(_))
     ));
     assert!(owner.has_pending());
-    let seq_b = owner.append(&log, &[(None, &b)]).unwrap();
+    let seq_b = owner.append(&log, &[(DEADLINE, &b)]).unwrap();
     let batches: Vec<u64> = log
         .entries(SUBJECT)
         .iter()
@@ -347,9 +355,9 @@ fn an_unreachable_log_leaves_the_message_pending_and_the_next_call_sends_it_firs
 #[test]
 fn a_damaged_message_is_skipped_and_counted_with_its_sequence() {
     let log = MemoryChangelog::new();
-    let record = fuzzing::encode_mark(0, 1, 1, b"order-1");
+    let record = fuzzing::encode_scoped_mark(PARTITION, None, 1, 1, b"order-1");
     let mut owner = fresh_owner(&log, 5);
-    let seq = owner.append(&log, &[(None, &record)]).unwrap();
+    let seq = owner.append(&log, &[(DEADLINE, &record)]).unwrap();
     assert!(log.flip_bit(seq, 40));
     let mut handed = 0;
     let restored =
@@ -366,10 +374,10 @@ fn a_damaged_message_is_skipped_and_counted_with_its_sequence() {
 #[test]
 fn a_warm_take_over_reads_only_what_it_does_not_have() {
     let log = MemoryChangelog::new();
-    let record = fuzzing::encode_mark(0, 1, 1, b"order-1");
+    let record = fuzzing::encode_scoped_mark(PARTITION, None, 1, 1, b"order-1");
     let mut first = fresh_owner(&log, 5);
     for _ in 0..10 {
-        first.append(&log, &[(None, &record)]).unwrap();
+        first.append(&log, &[(DEADLINE, &record)]).unwrap();
     }
     let have = log.entries(SUBJECT)[7].seq;
     let mut handed = Vec::new();
@@ -389,14 +397,24 @@ fn a_take_over_skips_a_second_copy_and_a_retired_owners_late_message() {
     // written here straight to the log, past the protocol.
     let log = MemoryChangelog::new();
     let mut a = fresh_owner(&log, 0xa);
-    let record = fuzzing::encode_mark(0, 1, 1, b"order-1");
-    let landed = a.append(&log, &[(None, &record)]).unwrap();
-    let copy =
-        fuzzing::encode_changelog_message(NAMESPACE, PARTITION, 0xa, 2, &[(None, record.clone())]);
+    let record = fuzzing::encode_scoped_mark(PARTITION, None, 1, 1, b"order-1");
+    let landed = a.append(&log, &[(DEADLINE, &record)]).unwrap();
+    let copy = fuzzing::encode_changelog_message(
+        NAMESPACE,
+        PARTITION,
+        0xa,
+        2,
+        &[(DEADLINE, record.clone())],
+    );
     let copy_seq = log.append(SUBJECT, landed, &copy).unwrap();
     let b = fresh_owner(&log, 0xb);
-    let late =
-        fuzzing::encode_changelog_message(NAMESPACE, PARTITION, 0xa, 3, &[(None, record.clone())]);
+    let late = fuzzing::encode_changelog_message(
+        NAMESPACE,
+        PARTITION,
+        0xa,
+        3,
+        &[(DEADLINE, record.clone())],
+    );
     log.append(SUBJECT, b.last_seq(), &late).unwrap();
     let mut handed = Vec::new();
     let restored =

@@ -40,10 +40,20 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format_v1")
 }
 
-/// What the current writer produces (see the file comment).
+/// What the v1 writer produced (see the file comment), kept as it is.
 fn writer_fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format_v1_writer")
 }
+
+/// What the current writer produces: the v1 writer's store plus one partition-scoped
+/// mark with its source offset (format v2: segment header version 2, kind 0xB1).
+fn v2_writer_fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format_v2_writer")
+}
+
+/// The partition and offset of the v2 fixture's scoped mark.
+const PARTITION: u32 = 3;
+const OFFSET: u64 = 4242;
 
 fn policy() -> Policy {
     Policy::ttl(TTL)
@@ -96,7 +106,16 @@ fn write_golden(dir: &Path) {
     tick();
     let other = store.namespace("other", Policy::ttl(OTHER_TTL)).unwrap();
     assert!(other.check_and_set("mark-1").unwrap().is_first()); // t10
-    drop((ns, other));
+    tick();
+    // v2: the same id in a partition is another key, with its source offset.
+    let partition = ns.partition(PARTITION).unwrap();
+    assert!(
+        partition
+            .check_and_set_at("mark-1", OFFSET)
+            .unwrap()
+            .is_first()
+    ); // t11
+    drop((ns, other, partition));
     store.close().unwrap();
 }
 
@@ -123,7 +142,7 @@ fn golden_writer_reproduces_the_fixture() {
     write_golden(dir.path());
     let written = fixture_files(dir.path());
     if std::env::var_os("IDEMSTORE_WRITE_GOLDEN").is_some() {
-        let fixture = writer_fixture_dir();
+        let fixture = v2_writer_fixture_dir();
         let _ = std::fs::remove_dir_all(&fixture);
         std::fs::create_dir_all(&fixture).unwrap();
         for (name, bytes) in &written {
@@ -133,11 +152,17 @@ fn golden_writer_reproduces_the_fixture() {
     let names: Vec<&str> = written.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        vec![OTHER_SEGMENT, WRITER_SEGMENT, "CHECKPOINT", "NAMESPACES"]
+        vec![
+            OTHER_SEGMENT,
+            WRITER_SEGMENT,
+            "CHECKPOINT",
+            "NAMESPACES",
+            "PARTITIONS"
+        ]
     );
     assert!(
-        written == fixture_files(&writer_fixture_dir()),
-        "the writer no longer produces format v1 byte for byte; if the format changed on purpose, bump its version and add tests/fixtures/format_v2"
+        written == fixture_files(&v2_writer_fixture_dir()),
+        "the writer no longer produces format v2 byte for byte; if the format changed on purpose, bump its version and add tests/fixtures/format_v3"
     );
 }
 
@@ -165,6 +190,8 @@ fn record(
         lease_until: None,
         completed_at,
         result: result.map(<[u8]>::to_vec),
+        partition: None,
+        offset: None,
     }
 }
 
@@ -180,7 +207,48 @@ fn format_v1_writer_checkpoint_rebuilds_the_index_without_replay() {
     check_fixture(&writer_fixture_dir(), 1, true, WRITER_DEADLINE_MS);
 }
 
+#[test]
+fn format_v2_fixture_opens_with_its_partition_mark() {
+    check_fixture(&v2_writer_fixture_dir(), 64, false, WRITER_DEADLINE_MS);
+    check_fixture(&v2_writer_fixture_dir(), 1, true, WRITER_DEADLINE_MS);
+}
+
+#[test]
+fn format_v2_bytes_of_the_scoped_record() {
+    let bytes = std::fs::read(v2_writer_fixture_dir().join(WRITER_SEGMENT)).unwrap();
+    assert_eq!(
+        &bytes[8..12],
+        &2u32.to_le_bytes(),
+        "segment header version 2"
+    );
+    // The last record of the segment: the scoped mark of "mark-1" in partition 3.
+    let mut scoped = Vec::new();
+    scoped.extend([0xB1, 0]); // kind mark | scoped, status 0
+    scoped.extend(6u16.to_le_bytes()); // id_len
+    scoped.extend(0u32.to_le_bytes()); // namespace_id
+    scoped.extend(0u32.to_le_bytes()); // body_len
+    let at = bytes
+        .windows(scoped.len())
+        .rposition(|w| w == &scoped[..])
+        .expect("a scoped mark record") as usize;
+    let le = |v: u64| v.to_le_bytes();
+    // (bytes 12..20 are its lsn)
+    let mut rest = Vec::new();
+    rest.extend(le(EPOCH_MS + 11_000)); // first_seen_ms
+    rest.extend(PARTITION.to_le_bytes());
+    rest.extend(le(OFFSET));
+    rest.extend(b"mark-1");
+    assert_eq!(&bytes[at + 20..at + 20 + rest.len()], &rest[..]);
+    // PARTITIONS: one entry, namespace 0 partition 3, no changelog position, the
+    // highest offset marked.
+    let partitions = std::fs::read(v2_writer_fixture_dir().join("PARTITIONS")).unwrap();
+    assert_eq!(&partitions[..12], b"IDPT\x01\0\0\0\x01\0\0\0");
+    assert_eq!(&partitions[12..20], &[0, 0, 0, 0, 3, 0, 0, 0]);
+    assert_eq!(&partitions[36..44], &le(OFFSET));
+}
+
 fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool, deadline_ms: u64) {
+    let v2 = fixture.join("PARTITIONS").exists();
     let record = |status, first_seen, attempts, completed_at, result| {
         record(
             deadline_ms,
@@ -203,14 +271,18 @@ fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool, deadline_
     let stats = store.stats();
     assert_eq!(stats.opened_from_checkpoint, from_checkpoint);
     assert!(!dir.path().join("CHECKPOINT").exists());
-    assert_eq!(stats.records_replayed, if from_checkpoint { 0 } else { 11 });
+    let records = if v2 { 12 } else { 11 };
+    assert_eq!(
+        stats.records_replayed,
+        if from_checkpoint { 0 } else { records }
+    );
     assert_eq!(stats.corrupt_records_skipped, 0);
     assert_eq!(stats.torn_tails_cut, 0);
     assert_eq!(stats.foreign_files, 0);
     assert_eq!(stats.namespaces, 2);
     assert_eq!(
         (stats.seen, stats.released, stats.completed, stats.failed),
-        (3, 1, 1, 1)
+        (if v2 { 4 } else { 3 }, 1, 1, 1)
     );
     assert_eq!(stats.tombstones, 1);
 
@@ -251,6 +323,23 @@ fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool, deadline_
         })
     );
     assert_eq!(other.get("mark-2").unwrap(), None);
+    let partition = ns.partition(PARTITION).unwrap();
+    if v2 {
+        assert_eq!(
+            partition.get("mark-1").unwrap(),
+            Some(Record {
+                partition: Some(PARTITION),
+                offset: Some(OFFSET),
+                ..record(Status::Seen, at(11), 0, None, None)
+            })
+        );
+        assert_eq!(
+            partition.partition_info().unwrap().highest_offset,
+            Some(OFFSET)
+        );
+    } else {
+        assert_eq!(partition.get("mark-1").unwrap(), None);
+    }
 
     // The stored state drives the operations, too.
     let Begin::Completed(done) = ns.begin("claim-done").unwrap() else {

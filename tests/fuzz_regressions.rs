@@ -110,12 +110,12 @@ fn changelog_seed() -> Vec<u8> {
     use idemstore::fuzzing;
     let records = vec![
         (
-            Some(41),
-            fuzzing::encode_mark(0, 7, 1_700_000_000_000, b"order-1"),
+            1_700_000_600_000,
+            fuzzing::encode_scoped_mark(3, Some(41), 7, 1_700_000_000_000, b"order-1"),
         ),
         (
-            None,
-            fuzzing::encode_mark(0, 8, 1_700_000_000_001, b"order-2"),
+            1_700_000_660_000,
+            fuzzing::encode_scoped_mark(3, None, 8, 1_700_000_000_001, b"order-2"),
         ),
     ];
     fuzzing::encode_changelog_message("inventory", 3, 0xfeed, 2, &records)

@@ -26,6 +26,8 @@ fn import_writes_only_where_nothing_is_live_and_refuses_bad_records() {
         .namespace("ns", Policy::ttl(Duration::from_secs(60)))
         .unwrap();
     let completed = Record {
+        partition: None,
+        offset: None,
         status: Status::Completed,
         first_seen: UnixMs(START.0 - 5_000),
         // On a bucket boundary (1 min): kept exactly.

@@ -385,9 +385,10 @@ fn invalid_builder_options_are_refused_and_leave_the_store_openable() {
         b().max_ttl(Duration::from_secs(1)),
         b().segment_size(64 * 1024),
         b().segment_size(16 << 20),
-        // 32 + 1024 + 40 + result + 64-byte header == the segment size exactly.
+        // 32 + 12 (a partition's scope) + 1024 + 40 + result + 64-byte header == the
+        // segment size exactly.
         b().segment_size(64 * 1024)
-            .max_result_len(64 * 1024 - 32 - 1024 - 40 - 64),
+            .max_result_len(64 * 1024 - 32 - 12 - 1024 - 40 - 64),
         b().durability(Durability::Interval(Duration::from_millis(1))),
     ] {
         let store = builder.open().unwrap();

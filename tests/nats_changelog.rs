@@ -37,6 +37,9 @@ fn config(cluster: &LocalCluster, stream: &str) -> NatsConfig {
     config
 }
 
+/// The bucket deadline the shipped records carry.
+const DEADLINE: u64 = 1_700_000_600_000;
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -45,8 +48,15 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn mark(n: u64) -> Vec<u8> {
-    fuzzing::encode_mark(0, n, 1_700_000_000_000, format!("order-{n}").as_bytes())
+/// A mark of partition `partition`, with its message's offset `n`.
+fn mark(partition: u32, n: u64) -> Vec<u8> {
+    fuzzing::encode_scoped_mark(
+        partition,
+        Some(n),
+        n,
+        1_700_000_000_000,
+        format!("order-{n}").as_bytes(),
+    )
 }
 
 fn decode(message: &[u8]) -> (u64, u64) {
@@ -108,7 +118,7 @@ fn the_changelog_on_a_real_cluster() {
         .owner;
     let mut acked = Vec::new();
     for n in 0..50 {
-        acked.push(a.append(&log, &[(Some(n), &mark(n))]).unwrap());
+        acked.push(a.append(&log, &[(DEADLINE, &mark(2, n))]).unwrap());
     }
     let mut handed = Vec::new();
     let restored = PartitionOwner::take_over(&log, &subject, NAMESPACE, 2, 0xb, 0, &mut |s| {
@@ -121,11 +131,11 @@ fn the_changelog_on_a_real_cluster() {
     );
     assert_eq!(&handed[1..], &acked[..]);
     let mut b = restored.owner;
-    match a.append(&log, &[(None, &mark(99))]) {
+    match a.append(&log, &[(DEADLINE, &mark(2, 99))]) {
         Err(ReplicationError::Fenced { by, .. }) => assert_eq!(by, 0xb),
         other => panic!("the zombie was not fenced: {other:?}"),
     }
-    b.append(&log, &[(None, &mark(100))]).unwrap();
+    b.append(&log, &[(DEADLINE, &mark(2, 100))]).unwrap();
     let in_stream: Vec<(u64, u64)> = log
         .read(&subject, 0, 1000)
         .unwrap()
@@ -158,7 +168,7 @@ fn the_changelog_on_a_real_cluster() {
         if n == 400 {
             cluster.start_node(victim).unwrap();
         }
-        let mut answer = owner.append(&log, &[(Some(n), &mark(n))]);
+        let mut answer = owner.append(&log, &[(DEADLINE, &mark(3, n))]);
         while let Err(ReplicationError::Changelog(e)) = &answer {
             errors += 1;
             assert!(

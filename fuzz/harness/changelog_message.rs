@@ -12,7 +12,7 @@ pub fn run(data: &[u8]) {
     if let Ok(message) = fuzzing::decode_changelog_message(data) {
         assert_ne!(message.owner, 0);
         assert_eq!(message.reencoded, data, "re-encoding differs");
-        for (_, id) in &message.records {
+        for (_, _, id) in &message.records {
             assert!(!id.is_empty());
         }
     }

@@ -14,6 +14,9 @@ impl Engine {
             return Ok(());
         }
         self.expiry.stop();
+        // Shipping stops first: what is queued stays unshipped (its waiters get an
+        // error); the positions reached are kept for a warm restore.
+        self.replica.stop();
         self.committer.stop();
         let current = std::thread::current().id();
         for thread in self.threads.lock().drain(..) {
@@ -35,6 +38,7 @@ impl Engine {
             if self.options.read_only {
                 Ok(())
             } else {
+                self.persist_partitions()?;
                 self.write_checkpoint()
             }
         });

@@ -5,36 +5,81 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::Engine;
-use super::mutation::{Applied, Pending};
+use super::mutation::{Applied, Pending, Target};
 use crate::addr::Lsn;
 use crate::answer::{Imported, Outcome, Record, Seen, Status};
 use crate::clock::{UnixMs, duration_ms_ceil};
 use crate::error::Error;
 use crate::expiry::deadline::rounding_ms;
-use crate::format::record::ClaimFields;
+use crate::format::record::{ClaimFields, Placement};
 use crate::index::KeyHash;
 use crate::lifecycle::{self, Kept, Request, Resolution};
 use crate::limits;
 use crate::policy::Policy;
+use crate::replication::replica::Slot;
 
-/// The namespace an operation is for: its id and the policy of the handle (which a
-/// per-call ttl may have changed), in ms, computed once per handle.
-#[derive(Debug, Clone, Copy)]
+/// The namespace an operation is for: its id, the partition a partition handle is
+/// scoped to (and its slot), and the policy of the handle (which a per-call ttl may
+/// have changed), in ms, computed once per handle.
+#[derive(Clone)]
 pub(crate) struct Scope {
     pub id: u32,
+    pub partition: Option<u32>,
+    pub slot: Option<Arc<Slot>>,
     pub ttl_ms: u64,
     pub lease_ms: u64,
     pub max_attempts: u32,
+}
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope")
+            .field("id", &self.id)
+            .field("partition", &self.partition)
+            .finish()
+    }
 }
 
 impl Scope {
     pub(crate) fn new(id: u32, policy: &Policy) -> Scope {
         Scope {
             id,
+            partition: None,
+            slot: None,
             ttl_ms: policy.ttl_ms(),
             lease_ms: policy.lease_ms(),
             max_attempts: policy.max_attempts,
+        }
+    }
+
+    /// The same scope for another policy.
+    pub(crate) fn with_policy(&self, policy: &Policy) -> Scope {
+        Scope {
+            ttl_ms: policy.ttl_ms(),
+            lease_ms: policy.lease_ms(),
+            max_attempts: policy.max_attempts,
+            ..self.clone()
+        }
+    }
+
+    /// Where a record written for the message at `offset` belongs.
+    pub(crate) fn placement(&self, offset: Option<u64>) -> Placement {
+        Placement {
+            partition: self.partition,
+            offset: self.partition.and(offset),
+        }
+    }
+
+    /// The target of a write of `id` at `offset`.
+    pub(crate) fn target<'a>(&'a self, id: &'a [u8], offset: Option<u64>) -> Target<'a> {
+        Target {
+            namespace_id: self.id,
+            placement: self.placement(offset),
+            id,
+            slot: self.slot.as_ref(),
         }
     }
 }
@@ -103,24 +148,26 @@ impl Engine {
 
     pub(crate) fn check_and_set_pending(
         &self,
-        namespace: Scope,
+        namespace: &Scope,
         id: &[u8],
+        offset: Option<u64>,
     ) -> Result<Pending<Outcome>, Error> {
         self.check_write(id)?;
-        self.check_and_set_checked(namespace, id)
+        self.check_and_set_checked(namespace, id, offset)
     }
 
     /// `check_and_set_pending` once the store and `id` are checked.
     fn check_and_set_checked(
         &self,
-        namespace: Scope,
+        namespace: &Scope,
         id: &[u8],
+        offset: Option<u64>,
     ) -> Result<Pending<Outcome>, Error> {
         let request = Request::CheckAndSet {
             ttl_ms: namespace.ttl_ms,
         };
-        let pending = self.apply(namespace.id, id, &request)?;
-        let outcome = match pending.value {
+        let pending = self.apply(namespace.target(id, offset), &request)?;
+        Ok(pending.map(|value| match value {
             Applied::Written { .. } => Outcome::First,
             Applied::Kept {
                 current: Some(c), ..
@@ -129,34 +176,42 @@ impl Engine {
                 expires_at: c.deadline,
             }),
             Applied::Kept { kept, .. } => unreachable!("check_and_set kept {kept:?}"),
-        };
-        Ok(Pending {
-            value: outcome,
-            wait: pending.wait,
-        })
+        }))
     }
 
-    pub(crate) fn check_and_set(&self, namespace: Scope, id: &[u8]) -> Result<Outcome, Error> {
-        let pending = self.check_and_set_pending(namespace, id)?;
+    pub(crate) fn check_and_set(
+        &self,
+        namespace: &Scope,
+        id: &[u8],
+        offset: Option<u64>,
+    ) -> Result<Outcome, Error> {
+        let pending = self.check_and_set_pending(namespace, id, offset)?;
         self.settle(pending)
     }
 
     pub(crate) fn check_and_set_many<I: AsRef<[u8]>>(
         &self,
-        namespace: Scope,
+        namespace: &Scope,
         ids: &[I],
     ) -> Result<Vec<Outcome>, Error> {
         let pending = self.check_and_set_many_pending(namespace, ids)?;
-        let wait = pending.wait;
-        self.settle(Pending { value: (), wait })?;
-        pending.value
+        let (value, waits) = (
+            pending.value,
+            Pending {
+                value: (),
+                wait: pending.wait,
+                ship: pending.ship,
+            },
+        );
+        self.settle(waits)?;
+        value
     }
 
     /// `check_and_set_many` before its durability wait: the outcomes, or the
     /// `PartialBatch` error of a batch that stopped partway (its applied ids wait too).
     pub(crate) fn check_and_set_many_pending<I: AsRef<[u8]>>(
         &self,
-        namespace: Scope,
+        namespace: &Scope,
         ids: &[I],
     ) -> Result<Pending<Result<Vec<Outcome>, Error>>, Error> {
         self.check_writable()?;
@@ -173,11 +228,16 @@ impl Engine {
         let mut outcomes = Pending {
             value: Vec::with_capacity(ids.len()),
             wait: false,
+            ship: None,
         };
         for id in ids {
-            match self.check_and_set_checked(namespace, id.as_ref()) {
+            match self.check_and_set_checked(namespace, id.as_ref(), None) {
                 Ok(pending) => {
                     outcomes.wait |= pending.wait;
+                    // One slot for the batch: waiting for its last record covers all.
+                    if pending.ship.is_some() {
+                        outcomes.ship = pending.ship;
+                    }
                     outcomes.value.push(pending.value);
                 }
                 // Nothing of the batch was applied: a plain error, safe to retry whole.
@@ -186,28 +246,25 @@ impl Engine {
                 // answered `First`, or a retry of the whole batch would get `Duplicate`
                 // for them and nobody would process those messages.
                 Err(e) => {
-                    return Ok(Pending {
-                        value: Err(Error::PartialBatch {
-                            outcomes: outcomes.value,
+                    return Ok(outcomes.map(|outcomes| {
+                        Err(Error::PartialBatch {
+                            outcomes,
                             source: Box::new(e),
-                        }),
-                        wait: outcomes.wait,
-                    });
+                        })
+                    }));
                 }
             }
         }
-        Ok(Pending {
-            value: Ok(outcomes.value),
-            wait: outcomes.wait,
-        })
+        Ok(outcomes.map(Ok))
     }
 
     /// `begin`; the caller settles the durability wait once it holds the claim, so
     /// that a failed wait drops (and releases) it.
     pub(crate) fn begin(
         &self,
-        namespace: Scope,
+        namespace: &Scope,
         id: &[u8],
+        offset: Option<u64>,
         payload_fp: Option<u64>,
     ) -> Result<Pending<Began>, Error> {
         self.check_write(id)?;
@@ -217,7 +274,8 @@ impl Engine {
             max_attempts: namespace.max_attempts,
             payload_fp,
         };
-        let pending = self.apply(namespace.id, id, &request)?;
+        let pending = self.apply(namespace.target(id, offset), &request)?;
+        let ship = pending.ship.clone();
         let answer = match pending.value {
             Applied::Written { lsn, claim } => Began::Acquired {
                 attempt: claim.attempts,
@@ -243,6 +301,7 @@ impl Engine {
         Ok(Pending {
             value: answer,
             wait: pending.wait,
+            ship,
         })
     }
 
@@ -250,8 +309,9 @@ impl Engine {
     /// record has `lsn`; the caller settles the durability wait.
     pub(crate) fn resolve(
         &self,
-        namespace: Scope,
+        namespace: &Scope,
         id: &[u8],
+        offset: Option<u64>,
         attempt: u32,
         lsn: Lsn,
         how: Resolution<'_>,
@@ -274,7 +334,8 @@ impl Engine {
             ttl_ms: namespace.ttl_ms,
             how,
         };
-        let pending = self.apply(namespace.id, id, &request)?;
+        let pending = self.apply(namespace.target(id, offset), &request)?;
+        let ship = pending.ship.clone();
         let resolved = match pending.value {
             Applied::Written { lsn, claim } => Resolved {
                 lease_until: UnixMs(claim.lease_until_ms),
@@ -285,16 +346,17 @@ impl Engine {
         Ok(Pending {
             value: resolved,
             wait: pending.wait,
+            ship,
         })
     }
 
-    pub(crate) fn get(&self, namespace: Scope, id: &[u8]) -> Result<Option<Record>, Error> {
+    pub(crate) fn get(&self, namespace: &Scope, id: &[u8]) -> Result<Option<Record>, Error> {
         self.check_open()?;
         self.validate_id(id)?;
-        let hash = KeyHash::of(namespace.id, id);
+        let hash = KeyHash::of(namespace.id, namespace.partition, id);
         let now = self.time.now();
         let shard = self.index.lock(hash);
-        match self.find(&shard, hash, namespace.id, id)? {
+        match self.find(&shard, hash, namespace.id, namespace.partition, id)? {
             Some(found) if found.current.is_live(now) => {
                 self.public_record(&shard, &found).map(Some)
             }
@@ -302,20 +364,17 @@ impl Engine {
         }
     }
 
-    pub(crate) fn remove(&self, namespace: Scope, id: &[u8]) -> Result<bool, Error> {
+    pub(crate) fn remove(&self, namespace: &Scope, id: &[u8]) -> Result<bool, Error> {
         self.check_write(id)?;
-        let pending = self.apply(namespace.id, id, &Request::Remove)?;
-        let removed = matches!(pending.value, Applied::Written { .. });
-        self.settle(Pending {
-            value: removed,
-            wait: pending.wait,
-        })
+        let pending = self.apply(namespace.target(id, None), &Request::Remove)?;
+        self.settle(pending.map(|value| matches!(value, Applied::Written { .. })))
     }
 
     pub(crate) fn import(
         &self,
-        namespace: Scope,
+        namespace: &Scope,
         id: &[u8],
+        offset: Option<u64>,
         imported: &Record,
     ) -> Result<Imported, Error> {
         self.check_write(id)?;
@@ -373,8 +432,8 @@ impl Engine {
             span_max_ms: max_ttl_ms
                 .saturating_add(rounding_ms(self.options.bucket_width_ms, max_ttl_ms)),
         };
-        let pending = self.apply(namespace.id, id, &request)?;
-        let answer = match pending.value {
+        let pending = self.apply(namespace.target(id, offset), &request)?;
+        let answer = match &pending.value {
             Applied::Written { .. } => Imported::Written,
             Applied::Kept {
                 kept: Kept::AlreadyLive,
@@ -392,9 +451,6 @@ impl Engine {
                 });
             }
         };
-        self.settle(Pending {
-            value: answer,
-            wait: pending.wait,
-        })
+        self.settle(pending.map(|_| answer))
     }
 }

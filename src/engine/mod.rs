@@ -9,6 +9,7 @@ mod close;
 mod keys;
 mod mutation;
 mod namespaces;
+mod partitions;
 mod records;
 
 use std::path::{Path, PathBuf};
@@ -32,11 +33,13 @@ use crate::options::{Durability, Options};
 use crate::poison::Poison;
 use crate::policy::Policy;
 use crate::recovery::{self, RecoveryReport};
+use crate::replication::replica::Replica;
 use crate::stats::Stats;
 use namespaces::Namespaces;
 
 pub(crate) use keys::{Began, Resolved, Scope};
 pub(crate) use mutation::Pending;
+pub use partitions::{PartitionInfo, ReleaseReport, RestoreReport};
 
 /// One open store: the rooms, wired. Shared by every `Store` handle, `Namespace`
 /// and `Claim` of it; the last one dropped closes it.
@@ -54,6 +57,9 @@ pub(crate) struct Engine {
     claims_released_at_open: u64,
     expiry: Arc<Expiry>,
     operations: Operations,
+    /// The partition slots: ownership and shipping when replicated, the highest
+    /// offset marked always.
+    pub(crate) replica: Arc<Replica>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     lock: Mutex<Option<DirLock>>,
 }
@@ -121,6 +127,11 @@ impl Engine {
         }
         let time = MonotonicTime::new(Arc::clone(&options.clock), UnixMs(recovery.clock_floor_ms));
         let committer = Arc::new(Committer::new(Arc::clone(&poison)));
+        let replica = Replica::new(if read_only {
+            None
+        } else {
+            options.replication.clone()
+        });
 
         let inner = Arc::new(Engine {
             dir,
@@ -135,10 +146,12 @@ impl Engine {
             claims_released_at_open,
             expiry: Arc::new(Expiry::default()),
             operations: Operations::new(options.shards),
+            replica,
             threads: Mutex::new(Vec::new()),
             lock: Mutex::new(Some(lock)),
             options,
         });
+        inner.load_partitions()?;
         if !read_only {
             let interval = match inner.options.durability {
                 Durability::Interval(d) => Some(d),
@@ -179,10 +192,7 @@ impl Engine {
     /// `flush` before its wait: always waits, whatever the durability mode.
     pub(crate) fn flush_ticket(&self) -> Result<Pending<Result<(), Error>>, Error> {
         self.check_writable()?;
-        Ok(Pending {
-            value: Ok(()),
-            wait: true,
-        })
+        Ok(Pending::local(Ok(()), true))
     }
 
     pub(crate) fn expire_now(&self) -> Result<u64, Error> {
@@ -295,6 +305,7 @@ impl Engine {
             durable_waits: self.committer.waits.load(Ordering::Relaxed),
             operations: self.operations.snapshot(),
             expiry_lag: Duration::from_millis(now_ms - log.oldest_deadline_ms.min(now_ms)),
+            replication: self.replication_stats(),
         }
     }
 }

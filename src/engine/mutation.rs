@@ -4,15 +4,18 @@
 //! wait for the group commit. Retried with a fresh clock reading when the bucket it
 //! chose was retired meanwhile.
 
+use std::sync::Arc;
+
 use crate::addr::{Location, Lsn};
 use crate::answer::Record;
 use crate::error::Error;
-use crate::format::record::{ClaimFields, State, StoredRecord};
+use crate::format::record::{ClaimFields, Placement, State, StoredRecord};
 use crate::index::{KeyHash, Shard};
 use crate::lifecycle::{self, Current, Decision, Kept, Request};
 use crate::log::AppendOutcome;
 use crate::operations::Counter;
 use crate::options::Durability;
+use crate::replication::replica::{Role, ShipWait, Slot};
 
 use super::Engine;
 
@@ -40,11 +43,43 @@ pub(super) enum Applied {
 }
 
 /// An answer, and whether it may be acted on only after a durability wait
-/// (`Engine::settle`).
+/// (`Engine::settle`), and a replication wait (`ReplicationMode::Sync`).
 #[must_use]
 pub(crate) struct Pending<T> {
     pub value: T,
     pub wait: bool,
+    pub ship: Option<ShipWait>,
+}
+
+impl<T> Pending<T> {
+    /// An answer with only a local durability wait, if `wait`.
+    pub(crate) fn local(value: T, wait: bool) -> Pending<T> {
+        Pending {
+            value,
+            wait,
+            ship: None,
+        }
+    }
+
+    /// The same waits for another value.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Pending<U> {
+        Pending {
+            value: f(self.value),
+            wait: self.wait,
+            ship: self.ship,
+        }
+    }
+}
+
+/// The key a mutation is for, where it belongs, and the partition slot whose rules
+/// apply to its write (ownership, shipping, the highest offset): none for unscoped
+/// keys and for records a restore applies.
+#[derive(Clone, Copy)]
+pub(crate) struct Target<'a> {
+    pub namespace_id: u32,
+    pub placement: Placement,
+    pub id: &'a [u8],
+    pub slot: Option<&'a Arc<Slot>>,
 }
 
 impl Engine {
@@ -55,23 +90,28 @@ impl Engine {
         shard: &Shard,
         hash: KeyHash,
         namespace_id: u32,
+        partition: Option<u32>,
         id: &[u8],
     ) -> Result<Option<Found>, Error> {
         let mut found = None;
         let mut error = None;
         shard.find(hash, |location| {
             let read = self.log.with_record(shard, location, |segment, record| {
-                (record.namespace_id == namespace_id && record.id == id).then(|| Found {
-                    location,
-                    current: Current {
-                        state: shard.effective_state(record.state, record.lsn),
-                        first_seen: crate::clock::UnixMs(record.first_seen_ms),
-                        deadline: crate::clock::UnixMs(segment.deadline_ms),
-                        claim: record.claim,
-                        lsn: record.lsn,
-                    },
-                    durable: segment.is_durable(location.offset),
-                })
+                (record.namespace_id == namespace_id
+                    && record.placement.partition == partition
+                    && record.id == id)
+                    .then(|| Found {
+                        location,
+                        current: Current {
+                            state: shard.effective_state(record.state, record.lsn),
+                            first_seen: crate::clock::UnixMs(record.first_seen_ms),
+                            deadline: crate::clock::UnixMs(segment.deadline_ms),
+                            claim: record.claim,
+                            lsn: record.lsn,
+                            placement: record.placement,
+                        },
+                        durable: segment.is_durable(location.offset),
+                    })
             });
             match read {
                 Ok(Some(f)) => {
@@ -107,17 +147,24 @@ impl Engine {
     #[inline(always)]
     pub(super) fn apply(
         &self,
-        namespace_id: u32,
-        id: &[u8],
+        target: Target<'_>,
         request: &Request<'_>,
     ) -> Result<Pending<Applied>, Error> {
-        let hash = KeyHash::of(namespace_id, id);
+        let Target {
+            namespace_id,
+            placement,
+            id,
+            slot,
+        } = target;
+        let hash = KeyHash::of(namespace_id, placement.partition, id);
         let shard_index = self.index.shard_of(hash);
         let immediate = self.options.durability == Durability::Immediate;
+        let replication = self.replica.config.as_ref();
+        let sync = replication.is_some_and(|r| r.mode == crate::replication::ReplicationMode::Sync);
         loop {
             let now = self.time.now();
             let mut shard = self.index.lock(hash);
-            let found = self.find(&shard, hash, namespace_id, id)?;
+            let found = self.find(&shard, hash, namespace_id, placement.partition, id)?;
             let live = found.filter(|f| f.current.is_live(now));
             let decision = lifecycle::decide(
                 request,
@@ -138,6 +185,16 @@ impl Engine {
                         _ => None,
                     };
                     let wait = reports && immediate && live.is_some_and(|l| !l.durable);
+                    // In Sync, the live record reported may still be on its way to the
+                    // cluster: wait for everything queued so far.
+                    let ship = match slot {
+                        Some(slot) if sync && reports && live.is_some() => {
+                            let state = slot.state.lock();
+                            (state.shipped < state.enqueued)
+                                .then(|| self.ship_wait(slot, state.enqueued))
+                        }
+                        _ => None,
+                    };
                     return Ok(Pending {
                         value: Applied::Kept {
                             kept,
@@ -145,6 +202,7 @@ impl Engine {
                             record,
                         },
                         wait,
+                        ship,
                     });
                 }
                 Decision::Append(write) => write,
@@ -154,16 +212,74 @@ impl Engine {
             let record = StoredRecord {
                 state: write.state,
                 namespace_id,
+                placement,
                 lsn,
                 first_seen_ms: write.first_seen.0,
                 id,
                 claim: write.claim,
                 result: write.result,
             };
+            // A partition's write is checked, appended and queued for the cluster
+            // under its slot's lock: a fence (which takes the lock) is never crossed
+            // by a write that it did not refuse.
+            let mut slot_state = match slot {
+                Some(slot) => {
+                    let state = slot.state.lock();
+                    if let Some(replication) = replication {
+                        match state.role {
+                            Role::Owned => {}
+                            Role::Fenced(by) => {
+                                return Err(Error::Fenced {
+                                    namespace: slot.namespace.clone(),
+                                    partition: slot.partition,
+                                    by,
+                                });
+                            }
+                            Role::NotOwned | Role::Restoring => {
+                                return Err(Error::NotOwned {
+                                    namespace: slot.namespace.clone(),
+                                    partition: slot.partition,
+                                });
+                            }
+                        }
+                        let queued = Slot::queued_bytes(&state);
+                        if queued + record.encoded_len() + 8 > replication.buffer_bytes {
+                            return Err(Error::ReplicationBacklog {
+                                namespace: slot.namespace.clone(),
+                                partition: slot.partition,
+                                queued_bytes: queued,
+                                budget: replication.buffer_bytes,
+                            });
+                        }
+                    }
+                    Some((slot, state))
+                }
+                None => None,
+            };
             let location = match self.log.append(write.deadline.0, now.0, &record)? {
                 AppendOutcome::Retired => continue,
                 AppendOutcome::At(location) => location,
             };
+            let mut ship = None;
+            if let Some((slot, state)) = slot_state.as_mut() {
+                if let Some(offset) = placement.offset {
+                    state.highest_offset =
+                        Some(state.highest_offset.map_or(offset, |h| h.max(offset)));
+                }
+                if replication.is_some() {
+                    let number =
+                        Slot::enqueue(state, write.deadline.0, record.encoded_len(), |out| {
+                            record.encode_into(out)
+                        });
+                    self.replica.schedule(slot, state);
+                    #[cfg(feature = "planted-bugs")]
+                    let sync = sync && !crate::planted::planted("sync-acks-before-ship");
+                    if sync {
+                        ship = Some(self.ship_wait(slot, number));
+                    }
+                }
+            }
+            drop(slot_state);
             shard.upsert(hash, found.map(|f| f.location), location);
             if let Some(old) = found {
                 shard.counts.sub(old.current.state);
@@ -178,14 +294,33 @@ impl Engine {
                     claim: write.claim,
                 },
                 wait: immediate,
+                ship,
             });
         }
     }
 
-    /// Waits for the group commit if `wait`.
+    fn ship_wait(&self, slot: &Arc<Slot>, target: u64) -> ShipWait {
+        let timeout = self
+            .replica
+            .config
+            .as_ref()
+            .map_or(std::time::Duration::ZERO, |r| r.timeout);
+        ShipWait {
+            slot: Arc::clone(slot),
+            target,
+            deadline: std::time::Instant::now() + timeout,
+        }
+    }
+
+    /// Waits for the group commit if `wait`, and for the cluster if `ship`.
     pub(crate) fn settle<T>(&self, pending: Pending<T>) -> Result<T, Error> {
         if pending.wait {
             self.committer.wait_durable()?;
+        }
+        if let Some(ship) = pending.ship {
+            ship.slot
+                .wait(ship.target, ship.deadline)
+                .map_err(|e| Error::from_wait(&ship.slot, e))?;
         }
         Ok(pending.value)
     }
@@ -217,6 +352,6 @@ fn written_counter(request: &Request<'_>) -> Option<Counter> {
             Resolution::Extend(_) => return None,
         },
         Request::Remove => Counter::Remove,
-        Request::Import { .. } => return None,
+        Request::Import { .. } | Request::Replicate { .. } => return None,
     })
 }

@@ -51,7 +51,7 @@ impl Engine {
                     slot: segment.slot,
                     offset: offset as u32,
                 };
-                let hash = KeyHash::of(stored.namespace_id, stored.id);
+                let hash = KeyHash::of_record(&stored);
                 let current = {
                     let shard = inner.index.lock(hash);
                     shard.find(hash, |at| at == location).map(|_| Current {
@@ -60,6 +60,7 @@ impl Engine {
                         deadline: UnixMs(segment.deadline_ms),
                         claim: stored.claim,
                         lsn: stored.lsn,
+                        placement: stored.placement,
                     })
                 };
                 if let Some(current) = current {

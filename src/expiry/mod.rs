@@ -84,7 +84,7 @@ impl Expiry {
             deadlines.insert(segment.deadline_ms);
             let bytes = segment.file.read(0, segment.published() as usize);
             let report = reader::scan(bytes, segment_header::LEN, |offset, record| {
-                let hash = KeyHash::of(record.namespace_id, record.id);
+                let hash = KeyHash::of_record(&record);
                 let location = Location {
                     slot: segment.slot,
                     offset: offset as u32,

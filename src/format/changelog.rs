@@ -1,14 +1,16 @@
 //! Changelog messages: what a partition's owner ships to the replicated engine
 //! (`docs/FORMAT.md`, "Changelog messages"). One message carries many records of one
 //! namespace and one partition, each in the store's own record encoding (checked by
-//! its own checksum) with the source position it was marked at, or announces a new
+//! its own checksum, partition-scoped: it carries its partition and source offset)
+//! with the bucket deadline it is remembered until, or announces a new
 //! owner of the partition (the fence). A pure codec: the decoder returns an error for
 //! malformed input and never panics, whatever the bytes.
 //!
 //! ```text
 //! offset size field
 //! 0      4    magic          "IDCL"
-//! 4      1    version        1
+//! 4      1    version        2 (1 carried a source offset where 2 has the deadline;
+//!                            no store ever shipped it)
 //! 5      1    kind           1 records, 2 owner (the fence a new owner writes)
 //! 6      2    namespace_len  1..=255
 //! 8      4    partition      the partition the records belong to
@@ -17,7 +19,8 @@
 //! 24     8    batch          the writer's message counter: 1 for its owner message,
 //!                            then 2, 3, … per message it writes
 //! 32     n    namespace      the namespace name (UTF-8)
-//! 32+n        records        count × { u64 source_offset (u64::MAX: none), record }
+//! 32+n        records        count × { u64 deadline_ms, record (a scoped kind, of this
+//!                            partition) }
 //! end-8  8    checksum       xxh3-64 over every byte before it
 //! ```
 
@@ -26,7 +29,7 @@ use super::{read_u16, read_u32, read_u64, record};
 /// The first four bytes of every changelog message.
 pub(crate) const MAGIC: [u8; 4] = *b"IDCL";
 /// The version this code writes and reads.
-pub(crate) const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 2;
 const KIND_RECORDS: u8 = 1;
 const KIND_OWNER: u8 = 2;
 /// Bytes before the namespace name.
@@ -34,8 +37,6 @@ pub(crate) const HEADER_LEN: usize = 32;
 const CHECKSUM_LEN: usize = 8;
 /// The longest namespace name a message can carry (the store's limit is lower).
 pub(crate) const NAMESPACE_LEN_MAX: usize = 255;
-/// A record's source offset when it has none.
-const NO_OFFSET: u64 = u64::MAX;
 
 /// What a message says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,9 +71,10 @@ pub(crate) enum MessageError {
     Record(usize),
 }
 
-/// Encodes a message. `records` are `(source offset, record bytes)`; the record bytes
-/// must be records encoded by `format::record` (the encoder copies them as they are).
-pub(crate) fn encode(header: &MessageHeader<'_>, records: &[(Option<u64>, &[u8])]) -> Vec<u8> {
+/// Encodes a message. `records` are `(bucket deadline in unix ms, record bytes)`; the
+/// record bytes must be partition-scoped records of `header.partition` encoded by
+/// `format::record` (the encoder copies them as they are).
+pub(crate) fn encode(header: &MessageHeader<'_>, records: &[(u64, &[u8])]) -> Vec<u8> {
     debug_assert!(!header.namespace.is_empty() && header.namespace.len() <= NAMESPACE_LEN_MAX);
     debug_assert!(header.owner != 0);
     debug_assert!(header.kind == Kind::Records || records.is_empty());
@@ -90,8 +92,8 @@ pub(crate) fn encode(header: &MessageHeader<'_>, records: &[(Option<u64>, &[u8])
     out.extend_from_slice(&header.owner.to_le_bytes());
     out.extend_from_slice(&header.batch.to_le_bytes());
     out.extend_from_slice(header.namespace.as_bytes());
-    for (offset, bytes) in records {
-        out.extend_from_slice(&offset.unwrap_or(NO_OFFSET).to_le_bytes());
+    for (deadline, bytes) in records {
+        out.extend_from_slice(&deadline.to_le_bytes());
         out.extend_from_slice(bytes);
     }
     let checksum = xxhash_rust::xxh3::xxh3_64(&out);
@@ -103,8 +105,8 @@ pub(crate) fn encode(header: &MessageHeader<'_>, records: &[(Option<u64>, &[u8])
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Message<'a> {
     pub header: MessageHeader<'a>,
-    /// `(source offset, record)` in the order they were written.
-    pub records: Vec<(Option<u64>, record::StoredRecord<'a>)>,
+    /// `(bucket deadline in unix ms, record)` in the order they were written.
+    pub records: Vec<(u64, record::StoredRecord<'a>)>,
 }
 
 /// Decodes and verifies a whole message: the checksum over it, then every record's
@@ -152,7 +154,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Message<'_>, MessageError> {
         return Err(MessageError::Invalid("an owner message carries no records"));
     }
     let mut rest = &covered[names_end..];
-    // Each record takes at least its offset and a record header: a count the bytes
+    // Each record takes at least its deadline and a record header: a count the bytes
     // cannot hold is refused before anything is reserved.
     if count > rest.len() / (8 + record::HEADER_LEN) {
         return Err(MessageError::Truncated);
@@ -162,12 +164,12 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Message<'_>, MessageError> {
         if rest.len() < 8 {
             return Err(MessageError::Truncated);
         }
-        let offset = match read_u64(rest, 0) {
-            NO_OFFSET => None,
-            offset => Some(offset),
-        };
+        let deadline = read_u64(rest, 0);
         let (stored, len) = record::decode(&rest[8..]).map_err(|_| MessageError::Record(index))?;
-        records.push((offset, stored));
+        if stored.placement.partition != Some(partition) {
+            return Err(MessageError::Record(index));
+        }
+        records.push((deadline, stored));
         rest = &rest[8 + len..];
     }
     if !rest.is_empty() {
@@ -189,12 +191,20 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Message<'_>, MessageError> {
 mod tests {
     use super::*;
     use crate::addr::Lsn;
-    use crate::format::record::{ClaimFields, State, StoredRecord};
+    use crate::format::record::{ClaimFields, Placement, State, StoredRecord};
+
+    fn at(offset: Option<u64>) -> Placement {
+        Placement {
+            partition: Some(12),
+            offset,
+        }
+    }
 
     fn mark(id: &[u8], lsn: u64) -> Vec<u8> {
         StoredRecord {
             state: State::Seen,
             namespace_id: 3,
+            placement: at(Some(lsn * 10)),
             lsn: Lsn(lsn),
             first_seen_ms: 1_700_000_000_000,
             id,
@@ -208,6 +218,7 @@ mod tests {
         StoredRecord {
             state: State::Completed,
             namespace_id: 3,
+            placement: at(None),
             lsn: Lsn(lsn),
             first_seen_ms: 1_700_000_000_000,
             id,
@@ -233,15 +244,16 @@ mod tests {
     }
 
     #[test]
-    fn records_round_trip_with_their_offsets() {
+    fn records_round_trip_with_their_deadlines_and_offsets() {
         let (a, b) = (mark(b"order-1", 10), completed(b"order-2", 11));
-        let bytes = encode(&header(Kind::Records), &[(Some(41), &a), (None, &b)]);
+        let bytes = encode(&header(Kind::Records), &[(41, &a), (42, &b)]);
         let message = decode(&bytes).unwrap();
         assert_eq!(message.header, header(Kind::Records));
         assert_eq!(message.records.len(), 2);
-        assert_eq!(message.records[0].0, Some(41));
+        assert_eq!(message.records[0].0, 41);
         assert_eq!(message.records[0].1.id, b"order-1");
-        assert_eq!(message.records[1].0, None);
+        assert_eq!(message.records[0].1.placement, at(Some(100)));
+        assert_eq!(message.records[1].0, 42);
         assert_eq!(message.records[1].1.result, Some(&b"receipt"[..]));
         assert_eq!(message.records[1].1.encode(), b);
     }
@@ -256,7 +268,7 @@ mod tests {
     #[test]
     fn every_single_bit_flip_and_every_truncation_is_refused() {
         let (a, b) = (mark(b"order-1", 10), completed(b"order-2", 11));
-        let bytes = encode(&header(Kind::Records), &[(Some(41), &a), (None, &b)]);
+        let bytes = encode(&header(Kind::Records), &[(41, &a), (42, &b)]);
         for bit in 0..bytes.len() * 8 {
             let mut damaged = bytes.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
@@ -270,10 +282,10 @@ mod tests {
     #[test]
     fn a_damaged_record_under_a_valid_message_checksum_is_named_by_index() {
         let (a, b) = (mark(b"order-1", 10), mark(b"order-2", 11));
-        let mut bytes = encode(&header(Kind::Records), &[(None, &a), (None, &b)]);
+        let mut bytes = encode(&header(Kind::Records), &[(1, &a), (1, &b)]);
         // Flip a byte of the second record's id, then make the message checksum
         // match again: only the record's own checksum can tell.
-        let at = HEADER_LEN + "inventory".len() + 8 + a.len() + 8 + record::HEADER_LEN;
+        let at = HEADER_LEN + "inventory".len() + 8 + a.len() + 8 + record::HEADER_LEN + 12;
         bytes[at] ^= 0x20;
         let end = bytes.len() - CHECKSUM_LEN;
         let checksum = xxhash_rust::xxh3::xxh3_64(&bytes[..end]);
@@ -284,11 +296,25 @@ mod tests {
     #[test]
     fn a_count_larger_than_the_bytes_is_refused_before_allocating() {
         let a = mark(b"order-1", 10);
-        let mut bytes = encode(&header(Kind::Records), &[(None, &a)]);
+        let mut bytes = encode(&header(Kind::Records), &[(1, &a)]);
         bytes[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
         let end = bytes.len() - CHECKSUM_LEN;
         let checksum = xxhash_rust::xxh3::xxh3_64(&bytes[..end]);
         bytes[end..].copy_from_slice(&checksum.to_le_bytes());
         assert_eq!(decode(&bytes), Err(MessageError::Truncated));
+    }
+
+    #[test]
+    fn a_record_of_another_partition_or_unscoped_is_refused() {
+        let good = mark(b"order-1", 10);
+        let mut record = record::decode(&good).unwrap().0;
+        record.placement.partition = Some(13);
+        let other = record.encode();
+        record.placement = Placement::UNSCOPED;
+        let unscoped = record.encode();
+        for bad in [other, unscoped] {
+            let bytes = encode(&header(Kind::Records), &[(1, &bad)]);
+            assert_eq!(decode(&bytes), Err(MessageError::Record(0)));
+        }
     }
 }

@@ -7,6 +7,7 @@
 pub(crate) mod changelog;
 pub(crate) mod checkpoint;
 pub(crate) mod namespace_file;
+pub(crate) mod partitions;
 pub(crate) mod record;
 pub(crate) mod segment_header;
 

@@ -15,6 +15,12 @@
 //! 32     id_len              the id bytes
 //! 32+id  body_len            the claim body (below), if any
 //!
+//! partition-scoped kinds (format v2): 0xB1 mark, 0xB2 claim, 0xB3 tombstone, whose
+//! 12-byte scope follows the fixed header and comes before the id
+//! 32     4    partition      the partition the key is scoped to
+//! 36     8    source_offset  the message's offset in its partition (u64::MAX: none)
+//! 44     id_len              the id bytes, then the body as above
+//!
 //! claim body
 //! 0      4    attempts       acquisitions so far (1 after the first begin)
 //! 4      4    result_len     0..=1 MiB
@@ -56,7 +62,7 @@ const FLAG_HAS_PAYLOAD: u32 = 2;
 
 /// The longest record this version can write or read.
 pub(crate) const RECORD_LEN_MAX: usize =
-    HEADER_LEN + limits::KEY_LEN_MAX + CLAIM_BODY_LEN + limits::RESULT_LEN_MAX;
+    HEADER_LEN + SCOPE_LEN + limits::KEY_LEN_MAX + CLAIM_BODY_LEN + limits::RESULT_LEN_MAX;
 
 const _: () = assert!(HEADER_LEN == 32);
 const _: () = assert!(CLAIM_BODY_LEN == 40);
@@ -65,6 +71,42 @@ const _: () = assert!(RECORD_LEN_MAX < limits::SEGMENT_SIZE_BYTES_MIN as usize *
 pub(crate) const KIND_MARK: u8 = 0xA1;
 pub(crate) const KIND_CLAIM: u8 = 0xA2;
 pub(crate) const KIND_TOMBSTONE: u8 = 0xA3;
+/// Added to a kind for its partition-scoped form (format v2).
+const KIND_SCOPED: u8 = 0x10;
+/// Length of the scope of a partition-scoped record: partition, source offset.
+pub(crate) const SCOPE_LEN: usize = 12;
+/// A scoped record's source offset when it has none.
+const NO_OFFSET: u64 = u64::MAX;
+
+/// Whether `byte` is a record kind (plain or partition-scoped): the resync of a scan
+/// over damage looks for one before it tries to decode.
+pub(crate) fn is_kind(byte: u8) -> bool {
+    matches!(byte, 0xA1..=0xA3 | 0xB1..=0xB3)
+}
+
+/// Where a key belongs: unscoped (format v1 records), or a partition, with the source
+/// offset of the message the record was written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub(crate) struct Placement {
+    pub partition: Option<u32>,
+    /// Meaningful only with a partition (an unscoped record has no room for it).
+    pub offset: Option<u64>,
+}
+
+impl Placement {
+    pub(crate) const UNSCOPED: Placement = Placement {
+        partition: None,
+        offset: None,
+    };
+
+    fn scope_len(&self) -> usize {
+        if self.partition.is_some() {
+            SCOPE_LEN
+        } else {
+            0
+        }
+    }
+}
 
 /// The state a record gives its key: the public `Status` vocabulary, plus the
 /// tombstone of a removed key (`lifecycle::status_of` maps the two).
@@ -108,7 +150,14 @@ impl State {
         }
     }
 
-    fn from_kind_and_status(kind: u8, status: u8) -> Option<State> {
+    /// The state and whether the record is partition-scoped.
+    fn from_kind_and_status(kind: u8, status: u8) -> Option<(State, bool)> {
+        let scoped = matches!(kind, 0xB1..=0xB3);
+        let kind = if scoped { kind - KIND_SCOPED } else { kind };
+        Some((Self::from_plain_kind(kind, status)?, scoped))
+    }
+
+    fn from_plain_kind(kind: u8, status: u8) -> Option<State> {
         Some(match (kind, status) {
             (KIND_MARK, 0) => State::Seen,
             (KIND_CLAIM, 1) => State::InProgress,
@@ -142,6 +191,8 @@ pub(crate) struct ClaimFields {
 pub(crate) struct StoredRecord<'a> {
     pub state: State,
     pub namespace_id: u32,
+    /// The partition scope and source offset (format v2 kinds), or none.
+    pub placement: Placement,
     pub lsn: Lsn,
     pub first_seen_ms: u64,
     pub id: &'a [u8],
@@ -161,7 +212,7 @@ pub(crate) enum DecodeError {
 impl StoredRecord<'_> {
     /// The encoded length of this record.
     pub(crate) fn encoded_len(&self) -> usize {
-        HEADER_LEN + self.id.len() + self.body_len()
+        HEADER_LEN + self.placement.scope_len() + self.id.len() + self.body_len()
     }
 
     fn body_len(&self) -> usize {
@@ -178,6 +229,11 @@ impl StoredRecord<'_> {
         debug_assert!(!self.id.is_empty() && self.id.len() <= limits::KEY_LEN_MAX);
         debug_assert!(self.result.is_none() || self.state.has_claim_body());
         let (kind, status) = self.state.kind_and_status();
+        let kind = if self.placement.partition.is_some() {
+            kind + KIND_SCOPED
+        } else {
+            kind
+        };
         let body_len = self.body_len();
         out[KIND_OFFSET] = kind;
         out[STATUS_OFFSET] = status;
@@ -187,8 +243,14 @@ impl StoredRecord<'_> {
         out[BODY_LEN_OFFSET..LSN_OFFSET].copy_from_slice(&(body_len as u32).to_le_bytes());
         out[LSN_OFFSET..FIRST_SEEN_OFFSET].copy_from_slice(&self.lsn.0.to_le_bytes());
         out[FIRST_SEEN_OFFSET..HEADER_LEN].copy_from_slice(&self.first_seen_ms.to_le_bytes());
-        let id_end = HEADER_LEN + self.id.len();
-        out[HEADER_LEN..id_end].copy_from_slice(self.id);
+        let id_start = HEADER_LEN + self.placement.scope_len();
+        if let Some(partition) = self.placement.partition {
+            out[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&partition.to_le_bytes());
+            out[HEADER_LEN + 4..id_start]
+                .copy_from_slice(&self.placement.offset.unwrap_or(NO_OFFSET).to_le_bytes());
+        }
+        let id_end = id_start + self.id.len();
+        out[id_start..id_end].copy_from_slice(self.id);
         if self.state.has_claim_body() {
             let body = &mut out[id_end..];
             let result = self.result.unwrap_or(&[]);
@@ -230,6 +292,8 @@ impl StoredRecord<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
     pub state: State,
+    /// A partition-scoped kind: the scope follows the fixed header.
+    pub scoped: bool,
     pub id_len: usize,
     pub namespace_id: u32,
     pub body_len: usize,
@@ -239,7 +303,11 @@ pub(crate) struct Header {
 
 impl Header {
     pub(crate) fn record_len(&self) -> usize {
-        HEADER_LEN + self.id_len + self.body_len
+        HEADER_LEN + self.scope_len() + self.id_len + self.body_len
+    }
+
+    fn scope_len(&self) -> usize {
+        if self.scoped { SCOPE_LEN } else { 0 }
     }
 
     /// Decodes the fixed header (no checksum check: the caller verifies the record
@@ -248,7 +316,7 @@ impl Header {
         if bytes.len() < HEADER_LEN {
             return Err(DecodeError::Truncated);
         }
-        let state = State::from_kind_and_status(bytes[KIND_OFFSET], bytes[STATUS_OFFSET])
+        let (state, scoped) = State::from_kind_and_status(bytes[KIND_OFFSET], bytes[STATUS_OFFSET])
             .ok_or(DecodeError::Invalid("unknown record kind or status"))?;
         let id_len = usize::from(read_u16(bytes, ID_LEN_OFFSET));
         if id_len == 0 {
@@ -267,6 +335,7 @@ impl Header {
         }
         Ok(Header {
             state,
+            scoped,
             id_len,
             namespace_id: read_u32(bytes, NAMESPACE_ID_OFFSET),
             body_len,
@@ -290,8 +359,18 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(StoredRecord<'_>, usize), DecodeEr
     if stored != checksum32(&record_bytes[KIND_OFFSET..]) {
         return Err(DecodeError::Invalid("checksum mismatch"));
     }
-    let id_end = HEADER_LEN + header.id_len;
-    let id = &record_bytes[HEADER_LEN..id_end];
+    let id_start = HEADER_LEN + header.scope_len();
+    let placement = if header.scoped {
+        let offset = read_u64(record_bytes, HEADER_LEN + 4);
+        Placement {
+            partition: Some(read_u32(record_bytes, HEADER_LEN)),
+            offset: (offset != NO_OFFSET).then_some(offset),
+        }
+    } else {
+        Placement::UNSCOPED
+    };
+    let id_end = id_start + header.id_len;
+    let id = &record_bytes[id_start..id_end];
     let mut claim = ClaimFields::default();
     let mut result = None;
     if header.state.has_claim_body() {
@@ -333,6 +412,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(StoredRecord<'_>, usize), DecodeEr
     let record = StoredRecord {
         state: header.state,
         namespace_id: header.namespace_id,
+        placement,
         lsn: Lsn(header.lsn),
         first_seen_ms: header.first_seen_ms,
         id,
@@ -352,6 +432,7 @@ mod tests {
         StoredRecord {
             state,
             namespace_id: 3,
+            placement: Placement::UNSCOPED,
             lsn: Lsn(99),
             first_seen_ms: 1_700_000_000_123,
             id: b"order-42",
@@ -391,6 +472,25 @@ mod tests {
                 let record = sample(state, result);
                 let bytes = record.encode();
                 assert_eq!(decode(&bytes), Ok((record, bytes.len())));
+            }
+        }
+    }
+
+    #[test]
+    fn scoped_records_round_trip_and_cost_12_bytes_more() {
+        for offset in [None, Some(0), Some(u64::MAX - 1)] {
+            for state in State::ALL {
+                let result = state.has_claim_body().then_some(&b"r"[..]);
+                let mut record = sample(state, result);
+                let plain = record.encode().len();
+                record.placement = Placement {
+                    partition: Some(7),
+                    offset,
+                };
+                let bytes = record.encode();
+                assert_eq!(bytes.len(), plain + SCOPE_LEN);
+                assert_eq!(decode(&bytes), Ok((record, bytes.len())));
+                assert_eq!(Header::decode(&bytes).unwrap().record_len(), bytes.len());
             }
         }
     }

@@ -3,7 +3,8 @@
 //! ```text
 //! offset size field
 //! 0      8    magic            b"IDEMSEG\0"
-//! 8      4    version          1
+//! 8      4    version          2 (this build writes 2 and reads 1 and 2: v1 segments
+//!                             have no partition-scoped records)
 //! 12     4    header_len       64
 //! 16     8    bucket_deadline  unix ms: every key in this segment is forgotten at this time
 //! 24     8    segment_seq      unique per store, increasing
@@ -16,7 +17,9 @@
 use super::read_u64;
 
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMSEG\0";
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
+/// The oldest segment version this build reads.
+pub(crate) const VERSION_MIN: u32 = 1;
 
 const MAGIC_OFFSET: usize = 0;
 const VERSION_OFFSET: usize = MAGIC_OFFSET + 8;
@@ -34,6 +37,9 @@ const _: () = assert!(LEN == 64);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SegmentHeader {
+    /// The format version the header carries (`VERSION` for every segment this build
+    /// creates; an older one for a segment it only reads).
+    pub version: u32,
     pub bucket_deadline_ms: u64,
     pub segment_seq: u64,
     pub created_ms: u64,
@@ -44,7 +50,7 @@ impl SegmentHeader {
     pub(crate) fn encode(&self) -> [u8; LEN] {
         let mut out = [0u8; LEN];
         out[MAGIC_OFFSET..VERSION_OFFSET].copy_from_slice(&MAGIC);
-        out[VERSION_OFFSET..HEADER_LEN_OFFSET].copy_from_slice(&VERSION.to_le_bytes());
+        out[VERSION_OFFSET..HEADER_LEN_OFFSET].copy_from_slice(&self.version.to_le_bytes());
         out[HEADER_LEN_OFFSET..BUCKET_DEADLINE_OFFSET].copy_from_slice(&(LEN as u32).to_le_bytes());
         out[BUCKET_DEADLINE_OFFSET..SEGMENT_SEQ_OFFSET]
             .copy_from_slice(&self.bucket_deadline_ms.to_le_bytes());
@@ -73,9 +79,9 @@ impl SegmentHeader {
             return Err("segment header checksum mismatch".to_string());
         }
         let version = super::read_u32(bytes, VERSION_OFFSET);
-        if version != VERSION {
+        if !(VERSION_MIN..=VERSION).contains(&version) {
             return Err(format!(
-                "segment format version {version} is not supported (this build reads version {VERSION})"
+                "segment format version {version} is not supported (this build reads versions {VERSION_MIN} to {VERSION})"
             ));
         }
         let header_len = super::read_u32(bytes, HEADER_LEN_OFFSET);
@@ -88,6 +94,7 @@ impl SegmentHeader {
             return Err("segment header reserved field is not zero".to_string());
         }
         Ok(SegmentHeader {
+            version,
             bucket_deadline_ms: read_u64(bytes, BUCKET_DEADLINE_OFFSET),
             segment_seq: read_u64(bytes, SEGMENT_SEQ_OFFSET),
             created_ms: read_u64(bytes, CREATED_OFFSET),
@@ -103,6 +110,7 @@ mod tests {
     #[test]
     fn header_round_trips_and_rejects_damage() {
         let header = SegmentHeader {
+            version: VERSION,
             bucket_deadline_ms: 1_700_000_060_000,
             segment_seq: 7,
             created_ms: 1_700_000_000_000,

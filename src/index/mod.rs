@@ -12,16 +12,27 @@ use crate::addr::{self, FINGERPRINT_MASK, Location, Lsn, ReadersDrained, Segment
 use crate::format::record::State;
 use alloc::TableAlloc;
 
-/// The 64-bit hash of `(namespace_id, id)`.
+/// The 64-bit hash of `(namespace_id, partition, id)`: a key of a partition-scoped
+/// namespace is its id within its partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KeyHash(pub u64);
 
 impl KeyHash {
-    pub(crate) fn of(namespace_id: u32, id: &[u8]) -> KeyHash {
-        KeyHash(xxhash_rust::xxh3::xxh3_64_with_seed(
-            id,
-            u64::from(namespace_id),
-        ))
+    #[inline]
+    pub(crate) fn of(namespace_id: u32, partition: Option<u32>, id: &[u8]) -> KeyHash {
+        // Unscoped keys hash as format v1 did (seed = the namespace id); a partition
+        // goes into the seed's high half, marked so that partition 0 differs from none.
+        let seed = match partition {
+            None => u64::from(namespace_id),
+            Some(p) => u64::from(namespace_id) ^ (u64::from(p) << 32) ^ 0x9e37_79b9_7f4a_7c15,
+        };
+        KeyHash(xxhash_rust::xxh3::xxh3_64_with_seed(id, seed))
+    }
+
+    /// The hash of a record's key.
+    #[inline]
+    pub(crate) fn of_record(record: &crate::format::record::StoredRecord<'_>) -> KeyHash {
+        KeyHash::of(record.namespace_id, record.placement.partition, record.id)
     }
 
     /// The bits stored in the entry.

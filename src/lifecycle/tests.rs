@@ -61,6 +61,7 @@ fn current(situation: Situation) -> Option<Current> {
             payload_fp: Some(0xFEED),
         },
         lsn: LSN,
+        placement: Default::default(),
     })
 }
 

@@ -325,6 +325,7 @@ impl Log {
             }
         };
         let header = SegmentHeader {
+            version: crate::format::segment_header::VERSION,
             bucket_deadline_ms: deadline_ms,
             segment_seq: seq,
             created_ms: now_ms,

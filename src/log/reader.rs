@@ -1,7 +1,7 @@
 //! Reading a segment's records back: the scan shared by recovery, the reaper and
 //! `verify`. Pure over bytes; never panics, whatever they hold.
 
-use crate::format::record::{self, KIND_CLAIM, KIND_MARK, KIND_TOMBSTONE, StoredRecord};
+use crate::format::record::{self, StoredRecord};
 
 /// What a scan found besides the records.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -66,10 +66,7 @@ pub(crate) fn scan<'a>(
 fn next_valid(bytes: &[u8], from: usize) -> Option<usize> {
     const KIND_OFFSET: usize = 4;
     (from..bytes.len().saturating_sub(record::HEADER_LEN - 1)).find(|&at| {
-        matches!(
-            bytes[at + KIND_OFFSET],
-            KIND_MARK | KIND_CLAIM | KIND_TOMBSTONE
-        ) && record::decode(&bytes[at..]).is_ok()
+        record::is_kind(bytes[at + KIND_OFFSET]) && record::decode(&bytes[at..]).is_ok()
     })
 }
 
@@ -82,6 +79,7 @@ mod tests {
         StoredRecord {
             state: State::Seen,
             namespace_id: 0,
+            placement: record::Placement::UNSCOPED,
             lsn: crate::addr::Lsn(lsn),
             first_seen_ms: 1,
             id,

@@ -85,7 +85,7 @@ fn replay(
     parts: usize,
 ) -> RecordSurvey {
     survey::scan_records(segment.bytes(), namespace_count, |offset, record| {
-        let hash = KeyHash::of(record.namespace_id, record.id);
+        let hash = KeyHash::of_record(record);
         let shard = index.shard_of(hash);
         if shard % parts == part {
             apply(

@@ -288,6 +288,7 @@ mod tests {
         StoredRecord {
             state: State::Seen,
             namespace_id,
+            placement: Default::default(),
             lsn: Lsn(lsn),
             first_seen_ms: 1,
             id: b"key",
@@ -333,6 +334,7 @@ mod tests {
     fn segment_verdicts() {
         let path = Path::new("s");
         let header = SegmentHeader {
+            version: crate::format::segment_header::VERSION,
             bucket_deadline_ms: 10,
             segment_seq: 3,
             created_ms: 1,

@@ -36,6 +36,7 @@ struct Inner {
     subjects: HashMap<String, Vec<Entry>>,
     faults: VecDeque<Fault>,
     appends_applied: u64,
+    down: bool,
 }
 
 impl MemoryChangelog {
@@ -48,6 +49,12 @@ impl MemoryChangelog {
     /// before it.
     pub fn inject(&self, fault: Fault) {
         self.inner.lock().faults.push_back(fault);
+    }
+
+    /// An outage: while `down`, every call answers [`ChangelogError::Unavailable`]
+    /// and applies nothing (queued faults wait for it to end).
+    pub fn set_down(&self, down: bool) {
+        self.inner.lock().down = down;
     }
 
     /// Faults queued and not met yet.
@@ -106,6 +113,9 @@ impl Changelog for MemoryChangelog {
         message: &[u8],
     ) -> Result<u64, ChangelogError> {
         let mut inner = self.inner.lock();
+        if inner.down {
+            return Err(ChangelogError::Unavailable("injected: cluster down".into()));
+        }
         let fault = inner.faults.pop_front();
         if let Some(fault @ (Fault::Unavailable | Fault::TimeoutBefore)) = fault {
             return Err(refused(fault));
@@ -137,6 +147,9 @@ impl Changelog for MemoryChangelog {
 
     fn read(&self, subject: &str, after: u64, max: usize) -> Result<Vec<Entry>, ChangelogError> {
         let mut inner = self.inner.lock();
+        if inner.down {
+            return Err(ChangelogError::Unavailable("injected: cluster down".into()));
+        }
         if let Some(fault) = inner.faults.pop_front() {
             return Err(refused(fault));
         }

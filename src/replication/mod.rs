@@ -20,18 +20,22 @@
 //!   `LocalCluster` starts real `nats-server` nodes on loopback for tests, benchmarks
 //!   and the demo.
 //!
-//! What is not built yet: the store does not ship its records or restore them (no
-//! replication mode on `Store`). That builds on these pieces.
+//! - [`Replication`] and [`ReplicationMode`]: the store side
+//!   ([`StoreBuilder::replication`](crate::StoreBuilder::replication)): a slot per
+//!   partition, shipping threads, and `Namespace::{restore,flush,release}_partition`.
 
 mod changelog;
+mod config;
 #[cfg(feature = "nats")]
 mod local_cluster;
 mod memory;
 #[cfg(feature = "nats")]
 mod nats;
 mod owner;
+pub(crate) mod replica;
 
 pub use changelog::{Changelog, ChangelogError, Entry};
+pub use config::{Replication, ReplicationMode};
 #[cfg(feature = "nats")]
 pub use local_cluster::{LocalCluster, nats_server_binary};
 pub use memory::{Fault, MemoryChangelog};

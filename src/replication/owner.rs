@@ -235,15 +235,15 @@ impl PartitionOwner {
         ))
     }
 
-    /// Appends one records message: `records` are `(source offset, record bytes)` in
-    /// the store's record encoding. Returns its sequence once the log stored it, or
+    /// Appends one records message: `records` are `(bucket deadline, record bytes)`,
+    /// partition-scoped records of this partition in the store's record encoding. Returns its sequence once the log stored it, or
     /// [`ReplicationError::Fenced`] once another owner has taken the partition over.
     /// A message left pending by an earlier call that could not reach the log is
     /// resolved or sent first.
     pub fn append(
         &mut self,
         log: &dyn Changelog,
-        records: &[(Option<u64>, &[u8])],
+        records: &[(u64, &[u8])],
     ) -> Result<u64, ReplicationError> {
         self.check_fenced()?;
         if self.pending.is_some() {
@@ -305,7 +305,7 @@ impl PartitionOwner {
         }
     }
 
-    fn encode(&self, kind: Kind, batch: u64, records: &[(Option<u64>, &[u8])]) -> Vec<u8> {
+    fn encode(&self, kind: Kind, batch: u64, records: &[(u64, &[u8])]) -> Vec<u8> {
         let header = MessageHeader {
             kind,
             namespace: &self.namespace,

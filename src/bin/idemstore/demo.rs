@@ -51,6 +51,10 @@
 mod broker;
 pub mod consumer;
 mod ledger;
+#[cfg(feature = "nats")]
+pub mod machine;
+#[cfg(feature = "nats")]
+mod machines;
 mod protocol;
 
 use std::path::{Path, PathBuf};
@@ -90,6 +94,24 @@ pub struct DemoArgs {
     /// Seed of the traffic: the same seed gives the same orders, duplicates and crash points.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Run the partitions-moving-between-machines scenario instead, with this many
+    /// consumer machines (each a process with its own store directory), without
+    /// replication and with it on a 3-node NATS JetStream cluster it starts on
+    /// loopback (needs nats-server and a build with `--features nats`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=16))]
+    machines: Option<u32>,
+    /// Orders of the --machines scenario.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    orders: u64,
+    /// Partitions of the --machines scenario.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    partitions: u32,
+    /// Which runs of the --machines scenario: any of none, async, sync, comma separated.
+    #[arg(long, default_value = "none,async,sync")]
+    modes: String,
+    /// --machines: one JSON line per run instead of the report (for tests).
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_fraction(text: &str) -> std::result::Result<f64, String> {
@@ -106,6 +128,9 @@ fn parse_fraction(text: &str) -> std::result::Result<f64, String> {
 /// Runs the demo: exit 0 if idemstore kept every order to exactly one deduction, 1 if
 /// not, 2 if the demo itself failed.
 pub fn run(args: DemoArgs) -> ExitCode {
+    if let Some(machines) = args.machines {
+        return run_machines(&args, machines as usize);
+    }
     match demo(&args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -114,6 +139,60 @@ pub fn run(args: DemoArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+#[cfg(feature = "nats")]
+fn run_machines(args: &DemoArgs, machines: usize) -> ExitCode {
+    let modes: Vec<String> = args
+        .modes
+        .split(',')
+        .map(|m| m.trim().to_string())
+        .collect();
+    if let Some(bad) = modes
+        .iter()
+        .find(|m| !["none", "async", "sync"].contains(&m.as_str()))
+    {
+        eprintln!("idemstore demo: --modes {bad:?}: use none, async and/or sync");
+        return ExitCode::from(2);
+    }
+    let dir = match prepare_dir(args.dir.as_deref()) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("idemstore demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let plan = machines::MachinesPlan {
+        machines,
+        partitions: args.partitions,
+        orders: args.orders,
+        seed: args.seed,
+        modes,
+        json: args.json,
+        dir: dir.clone(),
+    };
+    let result = machines::run(&plan);
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("idemstore demo: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "nats"))]
+fn run_machines(_args: &DemoArgs, _machines: usize) -> ExitCode {
+    eprintln!(
+        "idemstore demo --machines: this build has no replication; build it with the nats feature:\n  \
+         cargo run --release --features nats -- demo --machines 3\n\
+         (and install nats-server: apt-get install nats-server)"
+    );
+    ExitCode::from(2)
 }
 
 /// What the ledger of one pass says happened to the stock.

@@ -32,6 +32,10 @@ enum Command {
     /// One consumer process of the demo (the demo starts and kills these itself).
     #[command(name = "demo-consumer", hide = true)]
     DemoConsumer(demo::consumer::ConsumerArgs),
+    /// One consumer machine of `demo --machines` (the demo starts and kills these).
+    #[cfg(feature = "nats")]
+    #[command(name = "demo-machine", hide = true)]
+    DemoMachine(demo::machine::MachineArgs),
     /// Keys by namespace and status, buckets, disk use, oldest and newest expiry,
     /// corrupt records skipped.
     Stats(tools::DirArgs),
@@ -54,6 +58,8 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
         Command::DemoConsumer(args) => demo::consumer::run(args),
+        #[cfg(feature = "nats")]
+        Command::DemoMachine(args) => demo::machine::run(args),
         Command::Stats(args) => tools::stats(args),
         Command::Get(args) => tools::get(args),
         Command::Scan(args) => tools::scan(args),

@@ -6,7 +6,8 @@
 //! `{"namespace":"inventory","id":"order-7","status":"completed","first_seen_ms":…,
 //! "expires_at_ms":…,"attempts":1,"lease_until_ms":null,"completed_at_ms":…,
 //! "result":"ok"}`. An id or result that is not UTF-8 is written as `id_hex` /
-//! `result_hex` instead.
+//! `result_hex` instead. A partition's record ends with `"partition":3,"offset":…`
+//! (the offset `null` when none was recorded).
 
 use idemstore::{Record, Status, UnixMs};
 use serde_json::Value;
@@ -47,8 +48,17 @@ fn optional(value: Option<UnixMs>) -> String {
 /// One record as one line of JSON, fields in a fixed order (written by hand so the
 /// order is the documented one; strings are escaped by `serde_json`).
 pub fn to_json(namespace: &str, id: &[u8], record: &Record) -> String {
+    // A partition's record also says where it came from (unscoped records keep the
+    // v1 line, byte for byte).
+    let placement = match record.partition {
+        Some(p) => format!(
+            ",\"partition\":{p},\"offset\":{}",
+            record.offset.map_or("null".to_string(), |o| o.to_string())
+        ),
+        None => String::new(),
+    };
     format!(
-        "{{\"namespace\":{},{},\"status\":\"{}\",\"first_seen_ms\":{},\"expires_at_ms\":{},\"attempts\":{},\"lease_until_ms\":{},\"completed_at_ms\":{},{}}}",
+        "{{\"namespace\":{},{},\"status\":\"{}\",\"first_seen_ms\":{},\"expires_at_ms\":{},\"attempts\":{},\"lease_until_ms\":{},\"completed_at_ms\":{},{}{placement}}}",
         Value::from(namespace),
         bytes_field("id", id),
         record.status.as_str(),
@@ -103,7 +113,14 @@ pub fn from_json(line: &str) -> Result<(String, Vec<u8>, Record), String> {
         lease_until: number("lease_until_ms")?.map(UnixMs),
         completed_at: number("completed_at_ms")?.map(UnixMs),
         result: bytes("result")?,
+        partition: number("partition")?
+            .map(|p| u32::try_from(p).map_err(|_| "\"partition\" is larger than 2^32 - 1"))
+            .transpose()?,
+        offset: number("offset")?,
     };
+    if record.offset.is_some() && record.partition.is_none() {
+        return Err("\"offset\" without \"partition\"".to_string());
+    }
     Ok((namespace, id, record))
 }
 

@@ -83,6 +83,8 @@ impl Entry {
             } else {
                 None
             },
+            partition: None,
+            offset: None,
         }
     }
 }
