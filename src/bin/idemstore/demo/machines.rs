@@ -2,7 +2,7 @@
 //!
 //! N consumer processes (`demo/machine.rs`), each with its own store directory (its
 //! "machine"), share the partitions of an order topic that this process brokers:
-//! every partition has one owner at a time, offsets are committed every 50
+//! every partition has one owner at a time, offsets are committed every 64
 //! deliveries (after `flush_partition` in `Async`), and every 300 deliveries something
 //! happens, as it does to a consumer group: a rebalance through revoke (flush,
 //! release, restore elsewhere), a handoff without revoke that leaves a zombie writing
@@ -29,7 +29,7 @@ use idemstore::replication::{LocalCluster, NatsConfig, nats_server_binary};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-const COMMIT_EVERY: u64 = 50;
+const COMMIT_EVERY: u64 = 64;
 const EVENT_EVERY: u64 = 300;
 
 /// What the coordinator is asked to run.
@@ -485,7 +485,7 @@ fn run_mode(
                 // owner restored it. Its store must refuse.
                 assign(&mut machines, to, p, &mut report)?;
                 let part = &mut parts[p as usize];
-                part.next = part.committed;
+                // The zombie's message: the next one, which nobody has processed.
                 if let Some(&order) = part.log.get(part.next) {
                     let answer = machines[from]
                         .as_mut()
@@ -494,8 +494,9 @@ fn run_mode(
                     if answer.starts_with("ERR fenced") {
                         report.zombie_writes_refused += 1;
                     }
+                    report.zombie_handoffs += 1;
                 }
-                report.zombie_handoffs += 1;
+                part.next = part.committed;
             } else {
                 // The revoke callback: flush and release, commit; then the assignment.
                 let answer = machines[from]
