@@ -248,7 +248,12 @@ fn main() {
                     std::thread::sleep(Duration::from_micros(200));
                     continue;
                 }
-                writer.check_and_set_at(format!("f-{n}"), n).unwrap();
+                assert!(
+                    writer
+                        .check_and_set_at(format!("f-{n}"), n)
+                        .unwrap()
+                        .is_first()
+                );
                 n += 1;
             }
         });
@@ -281,7 +286,7 @@ fn main() {
     pa.restore_partition().unwrap();
     let warm_gap = 10_000.min(restore);
     for n in 0..restore - warm_gap {
-        pa.check_and_set_at(format!("r-{n}"), n).unwrap();
+        assert!(pa.check_and_set_at(format!("r-{n}"), n).unwrap().is_first());
     }
     pa.release_partition().unwrap();
     let warm = bench.store_at("restore-warm", prefix);
@@ -294,7 +299,7 @@ fn main() {
     pw.release_partition().unwrap();
     pa.restore_partition().unwrap();
     for n in restore - warm_gap..restore {
-        pa.check_and_set_at(format!("r-{n}"), n).unwrap();
+        assert!(pa.check_and_set_at(format!("r-{n}"), n).unwrap().is_first());
     }
     pa.release_partition().unwrap();
     let cold = bench.store_at("restore-cold", prefix);
@@ -340,7 +345,7 @@ fn main() {
             handoff
         };
         for n in 0..half {
-            pa.check_and_set_at(format!("h-{n}"), n).unwrap();
+            assert!(pa.check_and_set_at(format!("h-{n}"), n).unwrap().is_first());
         }
         if kind == "warm" {
             // B held the partition before (a warm standby): it has all but the last
@@ -350,7 +355,7 @@ fn main() {
             pb.release_partition().unwrap();
             pa.restore_partition().unwrap();
             for n in half..handoff {
-                pa.check_and_set_at(format!("h-{n}"), n).unwrap();
+                assert!(pa.check_and_set_at(format!("h-{n}"), n).unwrap().is_first());
             }
         }
         let started = Instant::now();
