@@ -6,7 +6,9 @@
 //! ```
 //!
 //! 1. `Async` marks/s from 2 threads (one partition each) against the same with no
-//!    replication and with unscoped keys, each from a fresh store, then a flush;
+//!    replication and with unscoped keys, each from a fresh store, then a flush; and
+//!    `Async` to the in-process changelog, which separates the store's own cost from
+//!    the cluster's three servers sharing this machine's cores;
 //! 2. `Sync` single calls from 2 threads: p50/p99 and marks per cluster round trip;
 //! 3. `flush_partition` p50/p99 while a writer marks 100,000/s;
 //! 4. restore of a partition with `--restore` live marks into an empty store (cold),
@@ -18,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use idemstore::replication::{Changelog, LocalCluster, NatsConfig};
+use idemstore::replication::{Changelog, LocalCluster, MemoryChangelog, NatsConfig};
 use idemstore::{Durability, Namespace, Policy, Replication, ReplicationMode, Store};
 
 fn policy() -> Policy {
@@ -41,18 +43,20 @@ struct Bench {
 
 impl Bench {
     fn store(&mut self, mode: Option<ReplicationMode>) -> Store {
+        let log = Arc::clone(&self.log);
+        self.store_on(mode, log)
+    }
+
+    fn store_on(&mut self, mode: Option<ReplicationMode>, log: Arc<dyn Changelog>) -> Store {
         self.n += 1;
         let mut builder = Store::builder(self.root.path().join(format!("s{}", self.n)))
             .durability(Durability::default());
         if let Some(mode) = mode {
             builder = builder.replication(
-                Replication::new(
-                    Arc::clone(&self.log),
-                    format!("idemstore.bench.r{}", self.n),
-                )
-                .mode(mode)
-                .timeout(Duration::from_secs(30))
-                .buffer_bytes(512 << 20),
+                Replication::new(log, format!("idemstore.bench.r{}", self.n))
+                    .mode(mode)
+                    .timeout(Duration::from_secs(30))
+                    .buffer_bytes(512 << 20),
             );
         }
         builder.open().unwrap()
@@ -142,12 +146,28 @@ fn main() {
     // 1. Async marks/s, side by side.
     let per_thread = marks / 2;
     let mut rows = Vec::new();
-    for (name, mode, scoped) in [
-        ("unscoped, no replication", None, false),
-        ("partitions, no replication", None, true),
-        ("partitions, Async", Some(ReplicationMode::Async), true),
+    let memory: Arc<dyn Changelog> = Arc::new(MemoryChangelog::new());
+    for (name, mode, scoped, in_process) in [
+        ("unscoped, no replication", None, false, false),
+        ("partitions, no replication", None, true, false),
+        (
+            "partitions, Async",
+            Some(ReplicationMode::Async),
+            true,
+            false,
+        ),
+        (
+            "partitions, Async in-process",
+            Some(ReplicationMode::Async),
+            true,
+            true,
+        ),
     ] {
-        let store = bench.store(mode);
+        let store = if in_process {
+            bench.store_on(mode, Arc::clone(&memory))
+        } else {
+            bench.store(mode)
+        };
         let ns = store.namespace("orders", policy()).unwrap();
         let rate = marks_per_second(&ns, scoped, per_thread);
         let flushed = Instant::now();
@@ -175,9 +195,10 @@ fn main() {
         rows.push(rate);
     }
     println!(
-        "Async / partitions without replication: {:.2}; / unscoped: {:.2}",
+        "Async / partitions without replication: {:.2}; / unscoped: {:.2}; Async to the in-process changelog (no cluster on these cores) / partitions without replication: {:.2}",
         rows[2] / rows[1],
-        rows[2] / rows[0]
+        rows[2] / rows[0],
+        rows[3] / rows[1]
     );
 
     // 2. Sync single calls from 2 threads.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-pub(crate) use super::config::Replication;
+pub(crate) use super::config::{Replication, ReplicationMode};
 use super::owner::PartitionOwner;
 
 mod ship;
@@ -73,7 +73,12 @@ pub(crate) struct SlotState {
     pub position: u64,
     pub token: u64,
     pub highest_offset: Option<u64>,
-    wakers: Vec<(u64, Instant, Waker)>,
+    pub(super) wakers: Vec<(u64, Instant, Waker)>,
+    /// Threads blocked in `wait`, with their targets, and the threads the last round
+    /// released: the shipper's estimate of how many callers are about to queue a
+    /// record, so that it can linger a moment for them (group commit).
+    pub(super) blocked: Vec<(std::thread::ThreadId, u64)>,
+    pub(super) released: Vec<std::thread::ThreadId>,
     pub records_shipped: u64,
     pub messages_shipped: u64,
     pub bytes_shipped: u64,
@@ -128,6 +133,8 @@ impl Slot {
                 token: 0,
                 highest_offset: None,
                 wakers: Vec::new(),
+                blocked: Vec::new(),
+                released: Vec::new(),
                 records_shipped: 0,
                 messages_shipped: 0,
                 bytes_shipped: 0,
@@ -162,15 +169,57 @@ impl Slot {
     /// Blocks until `wait` is met, fails, or its deadline passes.
     pub(crate) fn wait(&self, target: u64, deadline: Instant) -> Result<(), WaitError> {
         let mut state = self.state.lock();
-        loop {
+        if let Some(done) = outcome(&state, target) {
+            return done;
+        }
+        let me = std::thread::current().id();
+        state.blocked.push((me, target));
+        let done = loop {
             if let Some(done) = outcome(&state, target) {
-                return done;
+                break done;
             }
             if self.changed.wait_until(&mut state, deadline).timed_out() {
-                return outcome(&state, target)
+                break outcome(&state, target)
                     .unwrap_or_else(|| Err(WaitError::Timeout(state.last_error.clone())));
             }
+        };
+        if let Some(i) = state
+            .blocked
+            .iter()
+            .position(|&(t, n)| t == me && n == target)
+        {
+            state.blocked.swap_remove(i);
         }
+        done
+    }
+
+    /// How many distinct threads are about to have a record queued: those blocked on
+    /// a record not shipped yet, and those the last round released (which a `Sync`
+    /// caller follows with its next call).
+    pub(super) fn expected_writers(state: &SlotState) -> usize {
+        let blocked = state
+            .blocked
+            .iter()
+            .filter(|&&(_, target)| target > state.shipped)
+            .map(|&(t, _)| t);
+        let mut threads: Vec<std::thread::ThreadId> = Vec::new();
+        for t in blocked.chain(state.released.iter().copied()) {
+            if !threads.contains(&t) {
+                threads.push(t);
+            }
+        }
+        threads.len()
+    }
+
+    /// The threads blocked on records up to `shipped` (released by this round).
+    pub(super) fn note_released(state: &mut SlotState) {
+        let shipped = state.shipped;
+        state.released = state
+            .blocked
+            .iter()
+            .filter(|&&(_, target)| target <= shipped)
+            .map(|&(t, _)| t)
+            .collect();
     }
 
     /// Polls `wait`, registering `cx`'s waker for the shipper to wake.

@@ -6,10 +6,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Replica, Role, Slot};
+use super::{Replica, ReplicationMode, Role, Slot};
 use crate::replication::owner::ReplicationError;
 
 const RETRY_AFTER: Duration = Duration::from_millis(50);
+/// How long an `Async` record may wait for more to fill its message.
+const ASYNC_LINGER: Duration = Duration::from_millis(2);
+/// The longest a `Sync` round waits for the callers it expects.
+const LINGER: Duration = Duration::from_micros(200);
 
 pub(super) fn ship_loop(replica: std::sync::Weak<Replica>) {
     loop {
@@ -73,6 +77,41 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
             && at > Instant::now()
         {
             return; // expire_waiters reschedules it
+        }
+        // Group commit for `Sync`: callers released by the last round are about to
+        // queue their next records; linger a moment (at most LINGER) so that one round
+        // trip carries them all.
+        if config.mode == ReplicationMode::Sync {
+            let until = Instant::now() + LINGER;
+            while state.ends.len() < Slot::expected_writers(&state) && Instant::now() < until {
+                drop(state);
+                std::thread::yield_now();
+                state = slot.state.lock();
+            }
+            state.released.clear();
+            if state.role != Role::Owned || state.in_flight {
+                return;
+            }
+        }
+        // Async: ship full messages rather than many small ones (fewer round trips,
+        // fewer wake-ups of the writers' cores), waiting up to ASYNC_LINGER after the
+        // oldest queued record, unless someone waits for the partition (a flush).
+        if config.mode == ReplicationMode::Async
+            && state.blocked.is_empty()
+            && state.wakers.is_empty()
+            && state.buf.len() < config.message_bytes / 2
+            && let Some(oldest) = state.oldest_queued
+        {
+            let due = oldest + ASYNC_LINGER;
+            let now = Instant::now();
+            if now < due {
+                drop(state);
+                std::thread::sleep(due - now);
+                state = slot.state.lock();
+                if state.role != Role::Owned || state.in_flight {
+                    return;
+                }
+            }
         }
         let Some(owner) = state.owner.take() else {
             return;
@@ -190,6 +229,7 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
         state.oldest_queued = None;
     }
     let more = !state.buf.is_empty() || state.in_owner > 0;
+    Slot::note_released(&mut state);
     slot.notify(&mut state);
     if more && state.retry_at.is_none() {
         replica.schedule(slot, &mut state);
