@@ -99,4 +99,7 @@ pub struct ReplicationStats {
     pub restored_records: u64,
     /// Changelog messages that failed their checksum or structure check, skipped.
     pub damaged_messages: u64,
+    /// Live local records restores queued to ship again, after this store stopped
+    /// owning a partition with records unshipped or crashed owning it.
+    pub reshipped_records: u64,
 }

@@ -240,11 +240,13 @@ fn format_v2_bytes_of_the_scoped_record() {
     rest.extend(b"mark-1");
     assert_eq!(&bytes[at + 20..at + 20 + rest.len()], &rest[..]);
     // PARTITIONS: one entry, namespace 0 partition 3, no changelog position, the
-    // highest offset marked.
+    // highest offset marked, no re-ship due (not replicated), 40 bytes (version 2).
     let partitions = std::fs::read(v2_writer_fixture_dir().join("PARTITIONS")).unwrap();
-    assert_eq!(&partitions[..12], b"IDPT\x01\0\0\0\x01\0\0\0");
+    assert_eq!(&partitions[..12], b"IDPT\x02\0\0\0\x01\0\0\0");
     assert_eq!(&partitions[12..20], &[0, 0, 0, 0, 3, 0, 0, 0]);
     assert_eq!(&partitions[36..44], &le(OFFSET));
+    assert_eq!(&partitions[44..52], &[0; 8]);
+    assert_eq!(partitions.len(), 12 + 40 + 8);
 }
 
 fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool, deadline_ms: u64) {

@@ -740,3 +740,58 @@ fn sync_callers_share_round_trips() {
     // Every record in a message of its own would be 4000 messages.
     assert!(stats.shipped_messages < 4000, "{stats:?}");
 }
+
+#[test]
+fn records_a_store_could_not_ship_go_again_at_its_next_restore() {
+    let (_root, log, mut a, b) = pair(ReplicationMode::Async);
+    let pa = a.partition(2);
+    pa.restore_partition().unwrap();
+    // Another partition of the same store, shipped: not part of the re-ship.
+    let other = a.partition(3);
+    other.restore_partition().unwrap();
+    for n in 0..50 {
+        assert!(
+            other
+                .check_and_set_at(format!("x{n}"), n)
+                .unwrap()
+                .is_first()
+        );
+    }
+    other.flush_partition().unwrap();
+    // The cluster is down: the marks are answered (Async) and stay queued.
+    log.set_down(true);
+    for n in 0..300 {
+        assert!(pa.check_and_set_at(format!("o{n}"), n).unwrap().is_first());
+    }
+    assert_eq!(pa.partition_info().unwrap().queued_records, 300);
+    // The store closes (a deploy) with its records unshipped; the cluster comes back.
+    drop((pa, other));
+    drop(a.orders.take());
+    a.store.take().unwrap().close().unwrap();
+    log.set_down(false);
+    let a = Machine::open(a.dir.clone(), replication(&log, ReplicationMode::Async));
+    let pa = a.partition(2);
+    let restored = pa.restore_partition().unwrap();
+    assert_eq!(restored.reshipped, 300, "{restored:?}");
+    assert_eq!(
+        a.store
+            .as_ref()
+            .unwrap()
+            .stats()
+            .replication
+            .reshipped_records,
+        300
+    );
+    pa.release_partition().unwrap();
+    // The next owner has every mark: none is processed twice.
+    let pb = b.partition(2);
+    pb.restore_partition().unwrap();
+    let twice = (0..300)
+        .filter(|n| pb.check_and_set_at(format!("o{n}"), *n).unwrap().is_first())
+        .count();
+    assert_eq!(twice, 0);
+    pb.release_partition().unwrap();
+    // A clean release leaves nothing to ship again.
+    let again = pa.restore_partition().unwrap();
+    assert_eq!(again.reshipped, 0, "{again:?}");
+}

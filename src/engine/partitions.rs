@@ -14,7 +14,11 @@ use crate::clock::UnixMs;
 use crate::error::Error;
 use crate::format::changelog as message;
 use crate::format::partitions::{self, PartitionEntry};
+use crate::format::record::{State, StoredRecord};
+use crate::format::segment_header;
+use crate::index::KeyHash;
 use crate::lifecycle::Request;
+use crate::log::{Location, Segment, reader};
 use crate::options::Durability;
 use crate::replication::replica::{Role, ShipWait, Slot};
 use crate::replication::{PartitionOwner, ReplicationError};
@@ -45,6 +49,10 @@ pub struct RestoreReport {
     pub damaged: Vec<(u64, String)>,
     /// The fencing token this store owns the partition with.
     pub token: u64,
+    /// Live local records queued to ship again: this store had stopped owning the
+    /// partition with records unshipped, or crashed while owning it, so its local
+    /// records may hold marks the changelog lacks (`docs/REPLICATION.md`).
+    pub reshipped: u64,
     /// How long the restore took.
     pub duration: Duration,
 }
@@ -129,6 +137,14 @@ impl Engine {
             state.role = Role::Restoring;
             state.position
         };
+        // Each shard's next lsn before the changelog is applied: the records to ship
+        // again are the live ones written before it (the import's own are after).
+        let reship_before: Option<Vec<u64>> = slot.state.lock().reship.then(|| {
+            self.index
+                .shards()
+                .map(|shard| shard.lock().lsn_counter())
+                .collect()
+        });
         let restored = self.read_and_take_over(scope, slot, config.changelog.as_ref(), from);
         let (report, owner) = match restored {
             Ok(done) => done,
@@ -138,6 +154,10 @@ impl Engine {
             }
         };
         slot.own(owner);
+        let reshipped = match reship_before {
+            Some(before) => self.reship(scope, slot, &before)?,
+            None => 0,
+        };
         let counters = &self.replica.restores;
         counters[0].fetch_add(1, Ordering::Relaxed);
         counters[1].fetch_add(report.messages, Ordering::Relaxed);
@@ -153,12 +173,76 @@ impl Engine {
             messages = report.messages,
             records = report.records,
             damaged = report.damaged.len(),
+            reshipped,
             "restored a partition"
         );
         Ok(RestoreReport {
             duration: started.elapsed(),
+            reshipped,
             ..report
         })
+    }
+
+    /// Queues again every live local record of the partition written before
+    /// `before` (each shard's next lsn when the restore began), in the order the log
+    /// holds them: after a crash or a drop, the changelog may lack some of them. A
+    /// superset (records that did ship go again, and are applied as the copies they
+    /// are); its cost is a read of the live log, paid only after such an end. Runs
+    /// once the partition is owned: a key the consumer writes meanwhile has a newer
+    /// record, so its old one is no longer live and is not queued (checked under the
+    /// key's shard lock, then the slot's, the write path's order).
+    fn reship(&self, scope: &Scope, slot: &Arc<Slot>, before: &[u64]) -> Result<u64, Error> {
+        let mut segments: Vec<Arc<Segment>> = self.log.table.read().segments().cloned().collect();
+        segments.sort_by_key(|s| s.seq);
+        let now = self.time.now();
+        let mut queued = 0u64;
+        let mut owned = true;
+        for segment in segments.iter().filter(|s| s.deadline_ms > now.0) {
+            let bytes = segment.file.read(0, segment.published() as usize);
+            reader::scan(bytes, segment_header::LEN, |offset, stored| {
+                if !owned
+                    || stored.state == State::Tombstone
+                    || stored.namespace_id != scope.id
+                    || stored.placement.partition != Some(slot.partition)
+                {
+                    return;
+                }
+                let hash = KeyHash::of_record(&stored);
+                if stored.lsn.counter() >= before[self.index.shard_of(hash)] {
+                    return;
+                }
+                let location = Location {
+                    slot: segment.slot,
+                    offset: offset as u32,
+                };
+                let shard = self.index.lock(hash);
+                if shard.find(hash, |at| at == location).is_none() {
+                    return;
+                }
+                let mut state = slot.state.lock();
+                if state.role != Role::Owned {
+                    owned = false; // fenced or released meanwhile: nothing to ship to
+                    return;
+                }
+                let record = StoredRecord {
+                    state: shard.effective_state(stored.state, stored.lsn),
+                    ..stored
+                };
+                Slot::enqueue(
+                    &mut state,
+                    segment.deadline_ms,
+                    record.encoded_len(),
+                    |out| record.encode_into(out),
+                );
+                self.replica.schedule(slot, &mut state);
+                queued += 1;
+            });
+        }
+        if owned {
+            slot.state.lock().reship = false;
+        }
+        self.replica.restores[4].fetch_add(queued, Ordering::Relaxed);
+        Ok(queued)
     }
 
     fn read_and_take_over(
@@ -365,12 +449,21 @@ impl Engine {
             .iter()
             .filter_map(|slot| {
                 let state = slot.state.lock();
-                (state.position > 0 || state.highest_offset.is_some()).then(|| PartitionEntry {
-                    namespace_id: slot.namespace_id,
-                    partition: slot.partition,
-                    position: state.position,
-                    token: state.token,
-                    highest_offset: state.highest_offset,
+                // Due a re-ship at the next restore unless every record it queued
+                // is stored by the cluster and it cannot write more unseen: while
+                // it owns the partition, a crash may come before its records ship.
+                let reship = state.reship
+                    || state.shipped < state.enqueued
+                    || (state.role == Role::Owned && !self.closed.load(Ordering::Acquire));
+                (state.position > 0 || state.highest_offset.is_some() || reship).then(|| {
+                    PartitionEntry {
+                        namespace_id: slot.namespace_id,
+                        partition: slot.partition,
+                        position: state.position,
+                        token: state.token,
+                        highest_offset: state.highest_offset,
+                        reship,
+                    }
                 })
             })
             .collect();
@@ -435,6 +528,7 @@ impl Engine {
             state.position = entry.position;
             state.token = entry.token;
             state.highest_offset = entry.highest_offset;
+            state.reship = entry.reship;
         }
         Ok(())
     }
@@ -446,6 +540,7 @@ impl Engine {
             restored_messages: r[1].load(Ordering::Relaxed),
             restored_records: r[2].load(Ordering::Relaxed),
             damaged_messages: r[3].load(Ordering::Relaxed),
+            reshipped_records: r[4].load(Ordering::Relaxed),
             ..self.replica.totals()
         }
     }

@@ -1,20 +1,26 @@
 //! The `PARTITIONS` file (`docs/FORMAT.md`): per replicated partition, the changelog
 //! position this store's records are complete to, the owner token it last held and
-//! the highest source offset marked. Written whole (temp file, fsync, rename,
+//! the highest source offset marked, and whether its local records may hold some the
+//! changelog does not (a re-ship is due at its next restore). Written whole (temp file, fsync, rename,
 //! directory fsync) when a partition is restored or released and at close; read at
 //! open, so that a restore after a restart reads the changelog from where this store
 //! is (a warm restore) instead of from the start.
 //!
-//! Layout, little-endian: `IDPT` magic, version u8 (1), 3 zero bytes, count u32, then
-//! `count` entries of 32 bytes — namespace id u32, partition u32, position u64, token
-//! u64, highest offset u64 (`u64::MAX`: none) — then xxh3-64 of everything before it.
+//! Layout, little-endian: `IDPT` magic, version u8 (2), 3 zero bytes, count u32, then
+//! `count` entries of 40 bytes — namespace id u32, partition u32, position u64, token
+//! u64, highest offset u64 (`u64::MAX`: none), flags u32 (bit 0: re-ship due), 4 zero
+//! bytes — then xxh3-64 of everything before it. Version 1 (32-byte entries, no
+//! flags) still reads, every entry taken as due a re-ship (the safe side: a re-ship
+//! costs a scan, never an answer).
 
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: [u8; 4] = *b"IDPT";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const HEADER_LEN: usize = 12;
-const ENTRY_LEN: usize = 32;
+const ENTRY_LEN: usize = 40;
+const ENTRY_LEN_V1: usize = 32;
+const FLAG_RESHIP: u32 = 1;
 
 /// One partition's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +30,9 @@ pub(crate) struct PartitionEntry {
     pub position: u64,
     pub token: u64,
     pub highest_offset: Option<u64>,
+    /// This store's live records of the partition may include some the changelog
+    /// lacks (it stopped owning it with records unshipped, or crashed owning it).
+    pub reship: bool,
 }
 
 pub(crate) fn encode(entries: &[PartitionEntry]) -> Vec<u8> {
@@ -38,6 +47,9 @@ pub(crate) fn encode(entries: &[PartitionEntry]) -> Vec<u8> {
         out.extend_from_slice(&e.position.to_le_bytes());
         out.extend_from_slice(&e.token.to_le_bytes());
         out.extend_from_slice(&e.highest_offset.unwrap_or(u64::MAX).to_le_bytes());
+        let flags = if e.reship { FLAG_RESHIP } else { 0 };
+        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
     }
     let sum = xxh3_64(&out);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -52,22 +64,24 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<PartitionEntry>, String> {
     if bytes[..4] != MAGIC {
         return Err("not a PARTITIONS file (bad magic)".into());
     }
-    if bytes[4] != VERSION {
-        return Err(format!("version {} (this build reads {VERSION})", bytes[4]));
-    }
+    let entry_len = match bytes[4] {
+        1 => ENTRY_LEN_V1,
+        VERSION => ENTRY_LEN,
+        v => return Err(format!("version {v} (this build reads 1 and {VERSION})")),
+    };
     let (body, sum) = bytes.split_at(bytes.len() - 8);
     if xxh3_64(body).to_le_bytes() != sum {
         return Err("checksum mismatch".into());
     }
     let count = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes")) as usize;
-    if body.len() != HEADER_LEN + count * ENTRY_LEN {
+    if body.len() != HEADER_LEN + count * entry_len {
         return Err(format!("{count} entries do not fill {} bytes", body.len()));
     }
     let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
     let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
     Ok((0..count)
         .map(|i| {
-            let at = HEADER_LEN + i * ENTRY_LEN;
+            let at = HEADER_LEN + i * entry_len;
             let highest = u64_at(at + 24);
             PartitionEntry {
                 namespace_id: u32_at(at),
@@ -75,6 +89,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<PartitionEntry>, String> {
                 position: u64_at(at + 8),
                 token: u64_at(at + 16),
                 highest_offset: (highest != u64::MAX).then_some(highest),
+                reship: entry_len == ENTRY_LEN_V1 || u32_at(at + 32) & FLAG_RESHIP != 0,
             }
         })
         .collect())
@@ -93,6 +108,7 @@ mod tests {
                 position: 1234,
                 token: 0xfeed,
                 highest_offset: Some(99),
+                reship: true,
             },
             PartitionEntry {
                 namespace_id: 3,
@@ -100,6 +116,7 @@ mod tests {
                 position: 0,
                 token: 0,
                 highest_offset: None,
+                reship: false,
             },
         ];
         let bytes = encode(&entries);
@@ -112,5 +129,37 @@ mod tests {
             assert!(decode(&bad).is_err(), "a flip at byte {i} decoded");
         }
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn version_1_files_still_read_with_every_entry_due_a_reship() {
+        // A version 1 file: the same header, 32-byte entries without flags.
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&MAGIC);
+        v1.push(1);
+        v1.extend_from_slice(&[0; 3]);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&2u32.to_le_bytes());
+        v1.extend_from_slice(&5u32.to_le_bytes());
+        v1.extend_from_slice(&77u64.to_le_bytes());
+        v1.extend_from_slice(&9u64.to_le_bytes());
+        v1.extend_from_slice(&u64::MAX.to_le_bytes());
+        let sum = xxh3_64(&v1);
+        v1.extend_from_slice(&sum.to_le_bytes());
+        let entries = decode(&v1).unwrap();
+        assert_eq!(
+            entries,
+            vec![PartitionEntry {
+                namespace_id: 2,
+                partition: 5,
+                position: 77,
+                token: 9,
+                highest_offset: None,
+                reship: true,
+            }]
+        );
+        let mut v3 = v1.clone();
+        v3[4] = 3;
+        assert!(decode(&v3).unwrap_err().contains("version 3"));
     }
 }

@@ -73,6 +73,10 @@ pub(crate) struct SlotState {
     pub position: u64,
     pub token: u64,
     pub highest_offset: Option<u64>,
+    /// The local records of the partition may include some the changelog lacks
+    /// (records dropped unshipped, or a crash while owning it): the next restore
+    /// ships the partition's live local records again.
+    pub reship: bool,
     pub(super) wakers: Vec<(u64, Instant, Waker)>,
     /// Threads blocked in `wait`, with their targets, and the threads the last round
     /// released: the shipper's estimate of how many callers are about to queue a
@@ -132,6 +136,7 @@ impl Slot {
                 position: 0,
                 token: 0,
                 highest_offset: None,
+                reship: false,
                 wakers: Vec::new(),
                 blocked: Vec::new(),
                 released: Vec::new(),
@@ -298,6 +303,7 @@ const DROPPED_RANGES: usize = 64;
 /// Marks every record queued and not shipped as dropped.
 fn drop_unshipped(state: &mut SlotState) {
     if state.enqueued > state.shipped {
+        state.reship = true;
         if state.dropped.len() == DROPPED_RANGES {
             state.dropped.remove(0);
         }
@@ -336,7 +342,7 @@ pub(crate) struct Replica {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Restores since open, the messages they read, the records they applied and the
     /// damaged messages they skipped.
-    pub restores: [std::sync::atomic::AtomicU64; 4],
+    pub restores: [std::sync::atomic::AtomicU64; 5],
 }
 
 #[derive(Default)]
