@@ -171,6 +171,93 @@ pub(crate) fn metric_values(stats: &Stats) -> Vec<MetricValue> {
         metric("idemstore_segments", Gauge, None, stats.segments),
         metric("idemstore_buckets", Gauge, None, stats.buckets),
     ];
+    let repl = &stats.replication;
+    values.extend([
+        metric(
+            "idemstore_replication_partitions",
+            Gauge,
+            Some(("state", "known")),
+            repl.partitions,
+        ),
+        metric(
+            "idemstore_replication_partitions",
+            Gauge,
+            Some(("state", "owned")),
+            repl.owned,
+        ),
+        metric(
+            "idemstore_replication_partitions",
+            Gauge,
+            Some(("state", "fenced")),
+            repl.fenced,
+        ),
+        metric(
+            "idemstore_replication_queued_records",
+            Gauge,
+            None,
+            repl.queued_records,
+        ),
+        metric(
+            "idemstore_replication_queued_bytes",
+            Gauge,
+            None,
+            repl.queued_bytes,
+        ),
+        metric(
+            "idemstore_replication_shipped_records_total",
+            Counter,
+            None,
+            repl.shipped_records,
+        ),
+        metric(
+            "idemstore_replication_shipped_messages_total",
+            Counter,
+            None,
+            repl.shipped_messages,
+        ),
+        metric(
+            "idemstore_replication_shipped_bytes_total",
+            Counter,
+            None,
+            repl.shipped_bytes,
+        ),
+        metric(
+            "idemstore_replication_restores_total",
+            Counter,
+            None,
+            repl.restores,
+        ),
+        metric(
+            "idemstore_replication_restored_messages_total",
+            Counter,
+            None,
+            repl.restored_messages,
+        ),
+        metric(
+            "idemstore_replication_restored_records_total",
+            Counter,
+            None,
+            repl.restored_records,
+        ),
+        metric(
+            "idemstore_replication_damaged_messages_total",
+            Counter,
+            None,
+            repl.damaged_messages,
+        ),
+        metric(
+            "idemstore_replication_reshipped_records_total",
+            Counter,
+            None,
+            repl.reshipped_records,
+        ),
+    ]);
+    values.push(MetricValue {
+        name: "idemstore_replication_lag_seconds",
+        kind: Gauge,
+        label: None,
+        value: repl.lag.as_secs_f64(),
+    });
     values.push(MetricValue {
         name: "idemstore_expiry_lag_seconds",
         kind: Gauge,
@@ -250,6 +337,10 @@ mod tests {
         };
         stats.operations.check_and_set_first = 7;
         stats.operations.begin_exhausted = 2;
+        stats.replication.owned = 4;
+        stats.replication.queued_records = 11;
+        stats.replication.shipped_records = 900;
+        stats.replication.lag = Duration::from_millis(250);
         let values = metric_values(&stats);
         let value = |name: &str, label: Option<(&str, &str)>| {
             let found: Vec<_> = values
@@ -276,6 +367,16 @@ mod tests {
         assert_eq!(value("idemstore_keys", Some(("status", "completed"))), 5.0);
         assert_eq!(value("idemstore_disk_bytes", None), 4096.0);
         assert_eq!(value("idemstore_expiry_lag_seconds", None), 1.5);
+        assert_eq!(
+            value("idemstore_replication_partitions", Some(("state", "owned"))),
+            4.0
+        );
+        assert_eq!(value("idemstore_replication_queued_records", None), 11.0);
+        assert_eq!(
+            value("idemstore_replication_shipped_records_total", None),
+            900.0
+        );
+        assert_eq!(value("idemstore_replication_lag_seconds", None), 0.25);
         assert_eq!(
             value(
                 "idemstore_check_and_set_latency_seconds",

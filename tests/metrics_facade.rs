@@ -223,3 +223,45 @@ fn export_metrics_reports_counters_gauges_and_sampled_latencies() {
     drop(values);
     store.close().unwrap();
 }
+
+#[test]
+fn export_metrics_reports_replication_shipping_and_its_lag() {
+    use idemstore::replication::{Changelog, MemoryChangelog};
+    use idemstore::{Replication, ReplicationMode};
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(MemoryChangelog::new());
+    let store = Store::builder(dir.path())
+        .replication(
+            Replication::new(Arc::clone(&log) as Arc<dyn Changelog>, "idemstore.orders")
+                .mode(ReplicationMode::Async),
+        )
+        .open()
+        .unwrap();
+    let recorder = TestRecorder::default();
+    metrics::with_local_recorder(&recorder, || {
+        let orders = store
+            .namespace("orders", Policy::ttl(Duration::from_secs(60)))
+            .unwrap();
+        let p3 = orders.partition(3).unwrap();
+        p3.restore_partition().unwrap();
+        for i in 0..25 {
+            assert!(p3.check_and_set(format!("order-{i}")).unwrap().is_first());
+        }
+        p3.flush_partition().unwrap();
+        store.export_metrics();
+    });
+    let values = recorder.values.lock().unwrap();
+    let counter = |key: &str| values.counters[key];
+    let gauge = |key: &str| values.gauges[key];
+    assert_eq!(gauge("idemstore_replication_partitions{state=owned}"), 1.0);
+    assert_eq!(gauge("idemstore_replication_partitions{state=fenced}"), 0.0);
+    assert_eq!(counter("idemstore_replication_shipped_records_total"), 25);
+    assert!(counter("idemstore_replication_shipped_messages_total") >= 1);
+    assert_eq!(counter("idemstore_replication_restores_total"), 1);
+    // Flushed: nothing is queued, so nothing waits.
+    assert_eq!(gauge("idemstore_replication_queued_records"), 0.0);
+    assert_eq!(gauge("idemstore_replication_lag_seconds"), 0.0);
+    drop(values);
+    store.close().unwrap();
+}
