@@ -214,6 +214,18 @@ fn format_v2_fixture_opens_with_its_partition_mark() {
 }
 
 #[test]
+fn a_version_2_partitions_file_still_reads() {
+    // The v2 writer's store as an earlier build left it: PARTITIONS version 2 (no
+    // subject prefix), everything else the same.
+    let dir = copy_fixture(&v2_writer_fixture_dir());
+    let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/partitions_v2/PARTITIONS");
+    let old = std::fs::read(old).unwrap();
+    assert_eq!(old[4], 2);
+    std::fs::write(dir.path().join("PARTITIONS"), old).unwrap();
+    check_fixture(dir.path(), 64, false, WRITER_DEADLINE_MS);
+}
+
+#[test]
 fn format_v2_bytes_of_the_scoped_record() {
     let bytes = std::fs::read(v2_writer_fixture_dir().join(WRITER_SEGMENT)).unwrap();
     assert_eq!(
@@ -239,14 +251,15 @@ fn format_v2_bytes_of_the_scoped_record() {
     rest.extend(le(OFFSET));
     rest.extend(b"mark-1");
     assert_eq!(&bytes[at + 20..at + 20 + rest.len()], &rest[..]);
-    // PARTITIONS: one entry, namespace 0 partition 3, no changelog position, the
-    // highest offset marked, no re-ship due (not replicated), 40 bytes (version 2).
+    // PARTITIONS (its own version 3): no subject prefix (never replicated), one
+    // 40-byte entry, namespace 0 partition 3, no changelog position, the highest
+    // offset marked, no re-ship due.
     let partitions = std::fs::read(v2_writer_fixture_dir().join("PARTITIONS")).unwrap();
-    assert_eq!(&partitions[..12], b"IDPT\x02\0\0\0\x01\0\0\0");
-    assert_eq!(&partitions[12..20], &[0, 0, 0, 0, 3, 0, 0, 0]);
-    assert_eq!(&partitions[36..44], &le(OFFSET));
-    assert_eq!(&partitions[44..52], &[0; 8]);
-    assert_eq!(partitions.len(), 12 + 40 + 8);
+    assert_eq!(&partitions[..16], b"IDPT\x03\0\0\0\x01\0\0\0\0\0\0\0");
+    assert_eq!(&partitions[16..24], &[0, 0, 0, 0, 3, 0, 0, 0]);
+    assert_eq!(&partitions[40..48], &le(OFFSET));
+    assert_eq!(&partitions[48..56], &[0; 8]);
+    assert_eq!(partitions.len(), 16 + 40 + 8);
 }
 
 fn check_fixture(fixture: &Path, shards: usize, from_checkpoint: bool, deadline_ms: u64) {

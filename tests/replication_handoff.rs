@@ -795,3 +795,79 @@ fn records_a_store_could_not_ship_go_again_at_its_next_restore() {
     let again = pa.restore_partition().unwrap();
     assert_eq!(again.reshipped, 0, "{again:?}");
 }
+
+#[test]
+fn a_store_replicated_under_one_prefix_is_refused_under_another_and_nothing_changes() {
+    let (root, log, mut a, _b) = pair(ReplicationMode::Sync);
+    let pa = a.partition(1);
+    pa.restore_partition().unwrap();
+    for n in 0..20 {
+        assert!(pa.check_and_set_at(format!("o{n}"), n).unwrap().is_first());
+    }
+    drop(pa);
+    drop(a.orders.take());
+    a.store.take().unwrap().close().unwrap();
+    let partitions = a.dir.join("PARTITIONS");
+    let before = std::fs::read(&partitions).unwrap();
+    let appends = log.appends_applied();
+    // Opened as a member of another group: its positions are not of that group's
+    // subjects (a warm restore from them would skip their start).
+    let other = Replication::new(Arc::clone(&log) as Arc<dyn Changelog>, "idemstore.payments");
+    let opened = Store::builder(&a.dir).replication(other).open();
+    let Err(Error::InvalidOption { reason }) = &opened else {
+        panic!("{opened:?}")
+    };
+    assert!(
+        reason.contains("idemstore.payments") && reason.contains(PREFIX),
+        "{reason}"
+    );
+    assert_eq!(std::fs::read(&partitions).unwrap(), before);
+    assert_eq!(log.appends_applied(), appends);
+    // Under its own prefix it opens, warm, with every mark.
+    let a = Machine::open(a.dir.clone(), replication(&log, ReplicationMode::Sync));
+    let pa = a.partition(1);
+    let warm = pa.restore_partition().unwrap();
+    assert!(warm.from > 0, "{warm:?}");
+    assert!((0..20).all(|n| !pa.check_and_set_at(format!("o{n}"), n).unwrap().is_first()));
+    drop(root);
+}
+
+#[test]
+fn marks_written_while_opened_without_replication_ship_at_the_next_replicated_restore() {
+    let (_root, log, mut a, b) = pair(ReplicationMode::Async);
+    let pa = a.partition(5);
+    pa.restore_partition().unwrap();
+    assert!(pa.check_and_set_at("o-shipped", 0).unwrap().is_first());
+    pa.release_partition().unwrap();
+    drop(pa);
+    drop(a.orders.take());
+    a.store.take().unwrap().close().unwrap();
+    // A run without replication (an operator's mistake, or replication turned on
+    // later): its marks reach no changelog.
+    {
+        let store = Store::builder(&a.dir)
+            .durability(Durability::None)
+            .open()
+            .unwrap();
+        let p5 = store
+            .namespace("orders", policy())
+            .unwrap()
+            .partition(5)
+            .unwrap();
+        for n in 1..=40 {
+            assert!(p5.check_and_set_at(format!("o{n}"), n).unwrap().is_first());
+        }
+        store.close().unwrap();
+    }
+    let a = Machine::open(a.dir.clone(), replication(&log, ReplicationMode::Async));
+    let pa = a.partition(5);
+    let restored = pa.restore_partition().unwrap();
+    assert!(restored.reshipped >= 40, "{restored:?}");
+    pa.release_partition().unwrap();
+    let pb = b.partition(5);
+    pb.restore_partition().unwrap();
+    let twice = (1..=40)
+        .filter(|n| pb.check_and_set_at(format!("o{n}"), *n).unwrap().is_first())
+        .count();
+    assert_eq!(twice, 0);
+}

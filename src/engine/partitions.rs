@@ -471,7 +471,11 @@ impl Engine {
             return Ok(());
         }
         entries.sort_by_key(|e| (e.namespace_id, e.partition));
-        let bytes = partitions::encode(&entries);
+        let prefix = match &self.replica.config {
+            Some(config) => config.subject_prefix.clone(),
+            None => self.replica.file_prefix.lock().clone().unwrap_or_default(),
+        };
+        let bytes = partitions::encode(&prefix, &entries);
         let vfs = self.log.vfs();
         let sync = self.options.durability != Durability::None;
         let temp = self.dir.join(crate::layout::PARTITIONS_TEMP);
@@ -499,6 +503,13 @@ impl Engine {
     /// At open: the positions and highest offsets `PARTITIONS` holds. A damaged file
     /// is an error in strict mode; otherwise it is logged and ignored (the next
     /// restores are cold: slower, never wrong).
+    ///
+    /// Positions belong to the subjects of the prefix they were taken under: a store
+    /// whose partitions were replicated under one prefix, opened with another, would
+    /// read the new subjects from the old positions (skipping their start) and never
+    /// ship its own records there. That open is refused, and changes nothing. Opened
+    /// without replication, every partition it knows becomes due a re-ship: what it
+    /// writes now does not ship, so its next replicated restore sends it.
     pub(super) fn load_partitions(&self) -> Result<(), Error> {
         let path = self.dir.join(crate::layout::PARTITIONS);
         let bytes = match self.log.vfs().read_small(&path) {
@@ -506,16 +517,27 @@ impl Engine {
             Ok(None) => return Ok(()),
             Err(e) => return Err(Error::io("reading the partition positions", &path, e)),
         };
-        let entries = match partitions::decode(&bytes) {
-            Ok(entries) => entries,
+        let file = match partitions::decode(&bytes) {
+            Ok(file) => file,
             Err(why) if self.options.strict => return Err(Error::corruption(&path, 0, why)),
             Err(why) => {
                 tracing::error!(path = %path.display(), reason = %why, "ignoring a damaged PARTITIONS file: restores read the changelog from the start");
                 return Ok(());
             }
         };
+        let configured = self.replica.config.as_ref().map(|c| &c.subject_prefix);
+        if let (Some(was), Some(now)) = (&file.prefix, configured) {
+            let replicated = file.entries.iter().any(|e| e.position > 0 || e.token != 0);
+            if replicated && !was.is_empty() && was != now {
+                return Err(Error::invalid_option(format!(
+                    "replication subject prefix {now:?}: this store's partitions were replicated under {was:?} ({}); open it with that prefix, or start a store for the new one in an empty directory",
+                    path.display()
+                )));
+            }
+        }
+        *self.replica.file_prefix.lock() = file.prefix.filter(|p| !p.is_empty());
         let names = self.namespaces.names();
-        for entry in entries {
+        for entry in file.entries {
             let Some(name) = names.get(entry.namespace_id as usize) else {
                 tracing::error!(
                     namespace_id = entry.namespace_id,
@@ -528,7 +550,7 @@ impl Engine {
             state.position = entry.position;
             state.token = entry.token;
             state.highest_offset = entry.highest_offset;
-            state.reship = entry.reship;
+            state.reship = entry.reship || configured.is_none();
         }
         Ok(())
     }

@@ -1,22 +1,24 @@
-//! The `PARTITIONS` file (`docs/FORMAT.md`): per replicated partition, the changelog
-//! position this store's records are complete to, the owner token it last held and
-//! the highest source offset marked, and whether its local records may hold some the
-//! changelog does not (a re-ship is due at its next restore). Written whole (temp file, fsync, rename,
+//! The `PARTITIONS` file (`docs/FORMAT.md`): the subject prefix the positions were
+//! taken under, and per replicated partition the changelog position this store's
+//! records are complete to, the owner token it last held and the highest source
+//! offset marked, and whether its local records may hold some the changelog does not
+//! (a re-ship is due at its next restore). Written whole (temp file, fsync, rename,
 //! directory fsync) when a partition is restored or released and at close; read at
 //! open, so that a restore after a restart reads the changelog from where this store
 //! is (a warm restore) instead of from the start.
 //!
-//! Layout, little-endian: `IDPT` magic, version u8 (2), 3 zero bytes, count u32, then
+//! Layout, little-endian: `IDPT` magic, version u8 (3), 3 zero bytes, count u32,
+//! prefix length u32 and the prefix's UTF-8 bytes (empty: never replicated), then
 //! `count` entries of 40 bytes — namespace id u32, partition u32, position u64, token
 //! u64, highest offset u64 (`u64::MAX`: none), flags u32 (bit 0: re-ship due), 4 zero
-//! bytes — then xxh3-64 of everything before it. Version 1 (32-byte entries, no
-//! flags) still reads, every entry taken as due a re-ship (the safe side: a re-ship
-//! costs a scan, never an answer).
+//! bytes — then xxh3-64 of everything before it. Versions 1 (32-byte entries, no
+//! flags, every entry taken as due a re-ship: the safe side, a re-ship costs a scan,
+//! never an answer) and 2 (no prefix) still read, their prefix unknown.
 
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: [u8; 4] = *b"IDPT";
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 const HEADER_LEN: usize = 12;
 const ENTRY_LEN: usize = 40;
 const ENTRY_LEN_V1: usize = 32;
@@ -35,12 +37,23 @@ pub(crate) struct PartitionEntry {
     pub reship: bool,
 }
 
-pub(crate) fn encode(entries: &[PartitionEntry]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + entries.len() * ENTRY_LEN + 8);
+/// What a `PARTITIONS` file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Partitions {
+    /// The replication subject prefix the positions and tokens belong to: empty if
+    /// the store never replicated, `None` if the file predates version 3.
+    pub prefix: Option<String>,
+    pub entries: Vec<PartitionEntry>,
+}
+
+pub(crate) fn encode(prefix: &str, entries: &[PartitionEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + 4 + prefix.len() + entries.len() * ENTRY_LEN + 8);
     out.extend_from_slice(&MAGIC);
     out.push(VERSION);
     out.extend_from_slice(&[0; 3]);
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(prefix.len() as u32).to_le_bytes());
+    out.extend_from_slice(prefix.as_bytes());
     for e in entries {
         out.extend_from_slice(&e.namespace_id.to_le_bytes());
         out.extend_from_slice(&e.partition.to_le_bytes());
@@ -56,32 +69,51 @@ pub(crate) fn encode(entries: &[PartitionEntry]) -> Vec<u8> {
     out
 }
 
-/// The entries, or why the bytes are not a `PARTITIONS` file.
-pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<PartitionEntry>, String> {
+/// The file's contents, or why the bytes are not a `PARTITIONS` file.
+pub(crate) fn decode(bytes: &[u8]) -> Result<Partitions, String> {
     if bytes.len() < HEADER_LEN + 8 {
         return Err(format!("{} bytes, shorter than a header", bytes.len()));
     }
     if bytes[..4] != MAGIC {
         return Err("not a PARTITIONS file (bad magic)".into());
     }
-    let entry_len = match bytes[4] {
+    let version = bytes[4];
+    let entry_len = match version {
         1 => ENTRY_LEN_V1,
-        VERSION => ENTRY_LEN,
-        v => return Err(format!("version {v} (this build reads 1 and {VERSION})")),
+        2 | VERSION => ENTRY_LEN,
+        v => return Err(format!("version {v} (this build reads 1 to {VERSION})")),
     };
     let (body, sum) = bytes.split_at(bytes.len() - 8);
     if xxh3_64(body).to_le_bytes() != sum {
         return Err("checksum mismatch".into());
     }
-    let count = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes")) as usize;
-    if body.len() != HEADER_LEN + count * entry_len {
-        return Err(format!("{count} entries do not fill {} bytes", body.len()));
-    }
     let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
     let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
-    Ok((0..count)
+    let count = u32_at(8) as usize;
+    let (prefix, first) = if version == VERSION {
+        if body.len() < HEADER_LEN + 4 {
+            return Err("no room for the subject prefix's length".into());
+        }
+        let len = u32_at(HEADER_LEN) as usize;
+        let end = (HEADER_LEN + 4)
+            .checked_add(len)
+            .filter(|&end| end <= body.len())
+            .ok_or_else(|| format!("a subject prefix of {len} bytes overruns the file"))?;
+        let prefix = std::str::from_utf8(&body[HEADER_LEN + 4..end])
+            .map_err(|_| "the subject prefix is not UTF-8".to_string())?;
+        (Some(prefix.to_string()), end)
+    } else {
+        (None, HEADER_LEN)
+    };
+    if Some(body.len() - first) != count.checked_mul(entry_len) {
+        return Err(format!(
+            "{count} entries do not fill {} bytes",
+            body.len() - first
+        ));
+    }
+    let entries = (0..count)
         .map(|i| {
-            let at = HEADER_LEN + i * entry_len;
+            let at = first + i * entry_len;
             let highest = u64_at(at + 24);
             PartitionEntry {
                 namespace_id: u32_at(at),
@@ -92,7 +124,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<PartitionEntry>, String> {
                 reship: entry_len == ENTRY_LEN_V1 || u32_at(at + 32) & FLAG_RESHIP != 0,
             }
         })
-        .collect())
+        .collect();
+    Ok(Partitions { prefix, entries })
 }
 
 #[cfg(test)]
@@ -119,10 +152,18 @@ mod tests {
                 reship: false,
             },
         ];
-        let bytes = encode(&entries);
-        assert_eq!(bytes.len(), HEADER_LEN + 2 * ENTRY_LEN + 8);
-        assert_eq!(decode(&bytes).unwrap(), entries);
-        assert_eq!(decode(&encode(&[])).unwrap(), vec![]);
+        let bytes = encode("idemstore.orders", &entries);
+        assert_eq!(bytes.len(), HEADER_LEN + 4 + 16 + 2 * ENTRY_LEN + 8);
+        assert_eq!(
+            decode(&bytes).unwrap(),
+            Partitions {
+                prefix: Some("idemstore.orders".into()),
+                entries: entries.clone()
+            }
+        );
+        let empty = decode(&encode("", &[])).unwrap();
+        assert_eq!(empty.prefix.as_deref(), Some(""));
+        assert!(empty.entries.is_empty());
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 0x40;
@@ -146,9 +187,10 @@ mod tests {
         v1.extend_from_slice(&u64::MAX.to_le_bytes());
         let sum = xxh3_64(&v1);
         v1.extend_from_slice(&sum.to_le_bytes());
-        let entries = decode(&v1).unwrap();
+        let read = decode(&v1).unwrap();
+        assert_eq!(read.prefix, None);
         assert_eq!(
-            entries,
+            read.entries,
             vec![PartitionEntry {
                 namespace_id: 2,
                 partition: 5,
@@ -158,8 +200,39 @@ mod tests {
                 reship: true,
             }]
         );
-        let mut v3 = v1.clone();
-        v3[4] = 3;
-        assert!(decode(&v3).unwrap_err().contains("version 3"));
+        let mut v4 = v1.clone();
+        v4[4] = 4;
+        assert!(decode(&v4).unwrap_err().contains("version 4"));
+    }
+
+    #[test]
+    fn version_2_files_still_read_their_flags_with_the_prefix_unknown() {
+        let mut v2 = Vec::new();
+        v2.extend_from_slice(&MAGIC);
+        v2.push(2);
+        v2.extend_from_slice(&[0; 3]);
+        v2.extend_from_slice(&1u32.to_le_bytes());
+        v2.extend_from_slice(&4u32.to_le_bytes());
+        v2.extend_from_slice(&1u32.to_le_bytes());
+        v2.extend_from_slice(&12u64.to_le_bytes());
+        v2.extend_from_slice(&3u64.to_le_bytes());
+        v2.extend_from_slice(&40u64.to_le_bytes());
+        v2.extend_from_slice(&0u32.to_le_bytes());
+        v2.extend_from_slice(&[0; 4]);
+        let sum = xxh3_64(&v2);
+        v2.extend_from_slice(&sum.to_le_bytes());
+        let read = decode(&v2).unwrap();
+        assert_eq!(read.prefix, None);
+        assert_eq!(
+            read.entries,
+            vec![PartitionEntry {
+                namespace_id: 4,
+                partition: 1,
+                position: 12,
+                token: 3,
+                highest_offset: Some(40),
+                reship: false,
+            }]
+        );
     }
 }

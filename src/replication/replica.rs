@@ -343,6 +343,9 @@ pub(crate) struct Replica {
     /// Restores since open, the messages they read, the records they applied and the
     /// damaged messages they skipped.
     pub restores: [std::sync::atomic::AtomicU64; 5],
+    /// The subject prefix `PARTITIONS` was written under, kept so that a store opened
+    /// without replication writes it back unchanged.
+    pub file_prefix: Mutex<Option<String>>,
 }
 
 #[derive(Default)]
@@ -360,6 +363,7 @@ impl Replica {
             ready: Condvar::new(),
             threads: Mutex::new(Vec::new()),
             restores: Default::default(),
+            file_prefix: Mutex::new(None),
         });
         let shippers = replica.config.as_ref().map_or(0, |c| c.shippers.max(1));
         let mut threads = replica.threads.lock();
