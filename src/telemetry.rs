@@ -203,55 +203,40 @@ pub(crate) fn metric_values(stats: &Stats) -> Vec<MetricValue> {
             None,
             repl.queued_bytes,
         ),
-        metric(
+    ]);
+    for (name, value) in [
+        (
             "idemstore_replication_shipped_records_total",
-            Counter,
-            None,
             repl.shipped_records,
         ),
-        metric(
+        (
             "idemstore_replication_shipped_messages_total",
-            Counter,
-            None,
             repl.shipped_messages,
         ),
-        metric(
+        (
             "idemstore_replication_shipped_bytes_total",
-            Counter,
-            None,
             repl.shipped_bytes,
         ),
-        metric(
-            "idemstore_replication_restores_total",
-            Counter,
-            None,
-            repl.restores,
-        ),
-        metric(
+        ("idemstore_replication_restores_total", repl.restores),
+        (
             "idemstore_replication_restored_messages_total",
-            Counter,
-            None,
             repl.restored_messages,
         ),
-        metric(
+        (
             "idemstore_replication_restored_records_total",
-            Counter,
-            None,
             repl.restored_records,
         ),
-        metric(
+        (
             "idemstore_replication_damaged_messages_total",
-            Counter,
-            None,
             repl.damaged_messages,
         ),
-        metric(
+        (
             "idemstore_replication_reshipped_records_total",
-            Counter,
-            None,
             repl.reshipped_records,
         ),
-    ]);
+    ] {
+        values.push(metric(name, Counter, None, value));
+    }
     values.push(MetricValue {
         name: "idemstore_replication_lag_seconds",
         kind: Gauge,

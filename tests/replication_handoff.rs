@@ -73,6 +73,12 @@ impl Machine {
         panic!("partition {p} not restored after 20 tries");
     }
 
+    /// Closes the store cleanly (a deploy), keeping its directory.
+    fn close(&mut self) {
+        drop(self.orders.take());
+        self.store.take().unwrap().close().unwrap();
+    }
+
     /// Loses the machine: closes the store (as a crash would stop it) and deletes its
     /// whole directory.
     fn lose(&mut self) {
@@ -606,8 +612,7 @@ fn restores_are_warm_from_the_position_kept_across_a_restart() {
     // A restarts (a deploy), keeping its directory, and gets the partition back: it
     // reads only what B wrote.
     drop(pa);
-    drop(a.orders.take());
-    a.store.take().unwrap().close().unwrap();
+    a.close();
     let a = Machine::open(a.dir.clone(), replication(&log, ReplicationMode::Async));
     let pa = a.partition(4);
     assert_eq!(pa.partition_info().unwrap().highest_offset, Some(499));
@@ -766,8 +771,7 @@ fn records_a_store_could_not_ship_go_again_at_its_next_restore() {
     assert_eq!(pa.partition_info().unwrap().queued_records, 300);
     // The store closes (a deploy) with its records unshipped; the cluster comes back.
     drop((pa, other));
-    drop(a.orders.take());
-    a.store.take().unwrap().close().unwrap();
+    a.close();
     log.set_down(false);
     let a = Machine::open(a.dir.clone(), replication(&log, ReplicationMode::Async));
     let pa = a.partition(2);
@@ -798,15 +802,14 @@ fn records_a_store_could_not_ship_go_again_at_its_next_restore() {
 
 #[test]
 fn a_store_replicated_under_one_prefix_is_refused_under_another_and_nothing_changes() {
-    let (root, log, mut a, _b) = pair(ReplicationMode::Sync);
+    let (_root, log, mut a, _b) = pair(ReplicationMode::Sync);
     let pa = a.partition(1);
     pa.restore_partition().unwrap();
     for n in 0..20 {
         assert!(pa.check_and_set_at(format!("o{n}"), n).unwrap().is_first());
     }
     drop(pa);
-    drop(a.orders.take());
-    a.store.take().unwrap().close().unwrap();
+    a.close();
     let partitions = a.dir.join("PARTITIONS");
     let before = std::fs::read(&partitions).unwrap();
     let appends = log.appends_applied();
@@ -829,7 +832,6 @@ fn a_store_replicated_under_one_prefix_is_refused_under_another_and_nothing_chan
     let warm = pa.restore_partition().unwrap();
     assert!(warm.from > 0, "{warm:?}");
     assert!((0..20).all(|n| !pa.check_and_set_at(format!("o{n}"), n).unwrap().is_first()));
-    drop(root);
 }
 
 #[test]
@@ -840,8 +842,7 @@ fn marks_written_while_opened_without_replication_ship_at_the_next_replicated_re
     assert!(pa.check_and_set_at("o-shipped", 0).unwrap().is_first());
     pa.release_partition().unwrap();
     drop(pa);
-    drop(a.orders.take());
-    a.store.take().unwrap().close().unwrap();
+    a.close();
     // A run without replication (an operator's mistake, or replication turned on
     // later): its marks reach no changelog.
     {

@@ -172,21 +172,29 @@ mod tests {
         assert!(decode(&bytes[..bytes.len() - 1]).is_err());
     }
 
+    /// A pre-version-3 file (no prefix field) holding one entry.
+    fn legacy_file(version: u8, entry: &[u8]) -> Vec<u8> {
+        let mut file = Vec::new();
+        file.extend_from_slice(&MAGIC);
+        file.push(version);
+        file.extend_from_slice(&[0; 3]);
+        file.extend_from_slice(&1u32.to_le_bytes());
+        file.extend_from_slice(entry);
+        let sum = xxh3_64(&file);
+        file.extend_from_slice(&sum.to_le_bytes());
+        file
+    }
+
     #[test]
     fn version_1_files_still_read_with_every_entry_due_a_reship() {
         // A version 1 file: the same header, 32-byte entries without flags.
-        let mut v1 = Vec::new();
-        v1.extend_from_slice(&MAGIC);
-        v1.push(1);
-        v1.extend_from_slice(&[0; 3]);
-        v1.extend_from_slice(&1u32.to_le_bytes());
-        v1.extend_from_slice(&2u32.to_le_bytes());
-        v1.extend_from_slice(&5u32.to_le_bytes());
-        v1.extend_from_slice(&77u64.to_le_bytes());
-        v1.extend_from_slice(&9u64.to_le_bytes());
-        v1.extend_from_slice(&u64::MAX.to_le_bytes());
-        let sum = xxh3_64(&v1);
-        v1.extend_from_slice(&sum.to_le_bytes());
+        let mut entry = Vec::new();
+        entry.extend_from_slice(&2u32.to_le_bytes());
+        entry.extend_from_slice(&5u32.to_le_bytes());
+        entry.extend_from_slice(&77u64.to_le_bytes());
+        entry.extend_from_slice(&9u64.to_le_bytes());
+        entry.extend_from_slice(&u64::MAX.to_le_bytes());
+        let v1 = legacy_file(1, &entry);
         let read = decode(&v1).unwrap();
         assert_eq!(read.prefix, None);
         assert_eq!(
@@ -207,20 +215,14 @@ mod tests {
 
     #[test]
     fn version_2_files_still_read_their_flags_with_the_prefix_unknown() {
-        let mut v2 = Vec::new();
-        v2.extend_from_slice(&MAGIC);
-        v2.push(2);
-        v2.extend_from_slice(&[0; 3]);
-        v2.extend_from_slice(&1u32.to_le_bytes());
-        v2.extend_from_slice(&4u32.to_le_bytes());
-        v2.extend_from_slice(&1u32.to_le_bytes());
-        v2.extend_from_slice(&12u64.to_le_bytes());
-        v2.extend_from_slice(&3u64.to_le_bytes());
-        v2.extend_from_slice(&40u64.to_le_bytes());
-        v2.extend_from_slice(&0u32.to_le_bytes());
-        v2.extend_from_slice(&[0; 4]);
-        let sum = xxh3_64(&v2);
-        v2.extend_from_slice(&sum.to_le_bytes());
+        let mut entry = Vec::new();
+        entry.extend_from_slice(&4u32.to_le_bytes());
+        entry.extend_from_slice(&1u32.to_le_bytes());
+        entry.extend_from_slice(&12u64.to_le_bytes());
+        entry.extend_from_slice(&3u64.to_le_bytes());
+        entry.extend_from_slice(&40u64.to_le_bytes());
+        entry.extend_from_slice(&[0; 8]); // flags 0, 4 zero bytes
+        let v2 = legacy_file(2, &entry);
         let read = decode(&v2).unwrap();
         assert_eq!(read.prefix, None);
         assert_eq!(
