@@ -181,7 +181,19 @@ fn a_failed_sync_resolves_every_pending_future_with_the_poison() {
     )
     .unwrap();
     let ns = store.namespace("orders", policy()).unwrap();
+    let syncs = vfs.calls(CallKind::SegmentSync);
     assert!(block_on(ns.check_and_set_async("warm")).unwrap().is_first());
+    // The failure is armed only once the warm record's sync is done: should an
+    // answer come before its sync (the bug this test must catch), that sync would
+    // otherwise take the failure and every later call would be refused up front.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while vfs.calls(CallKind::SegmentSync) == syncs {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the warm record was never synced"
+        );
+        std::thread::yield_now();
+    }
     vfs.fail(CallKind::SegmentSync, 1, true);
     let futures: Vec<_> = (0..50)
         .map(|i| ns.check_and_set_async(format!("order-{i}")))
