@@ -8,7 +8,8 @@
 //! 1. `Async` marks/s from 2 threads (one partition each) against the same with no
 //!    replication and with unscoped keys, each from a fresh store, then a flush; and
 //!    `Async` to the in-process changelog, which separates the store's own cost from
-//!    the cluster's three servers sharing this machine's cores;
+//!    the cluster's three servers sharing this machine's cores; each row with the CPU
+//!    time per mark of this process and of the three servers (`/proc/<pid>/stat`);
 //! 2. `Sync` single calls from 2 threads: p50/p99 and marks per cluster round trip;
 //! 3. `flush_partition` p50/p99 while a writer marks 100,000/s;
 //! 4. restore of a partition with `--restore` live marks into an empty store (cold),
@@ -25,6 +26,37 @@ use idemstore::{Durability, Namespace, Policy, Replication, ReplicationMode, Sto
 
 fn policy() -> Policy {
     Policy::ttl(Duration::from_secs(3600))
+}
+
+/// CPU seconds (user + system) a process has used so far: `/proc/<pid>/stat`.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces) in parentheses:
+    // utime and stime are the 12th and 13th of them.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // SAFETY: sysconf reads a constant of the system; no memory is shared.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / per_second
+}
+
+/// CPU seconds of this process and of the cluster's servers, so far.
+fn cpu(cluster: &LocalCluster) -> (f64, f64) {
+    let servers = cluster
+        .pids()
+        .iter()
+        .map(|p| cpu_seconds(&p.to_string()))
+        .sum();
+    (cpu_seconds("self"), servers)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -169,6 +201,7 @@ fn main() {
             bench.store(mode)
         };
         let ns = store.namespace("orders", policy()).unwrap();
+        let before = cpu(&cluster);
         let rate = marks_per_second(&ns, scoped, per_thread);
         let flushed = Instant::now();
         if scoped {
@@ -177,9 +210,14 @@ fn main() {
             }
         }
         let flush = flushed.elapsed();
+        let after = cpu(&cluster);
+        // CPU µs per mark, marking and flushing included: this process (the writers
+        // and the shipping threads) and the three servers.
+        let per_mark = |s: f64| s * 1e6 / (2 * per_thread) as f64;
+        let (own, servers) = (per_mark(after.0 - before.0), per_mark(after.1 - before.1));
         let stats = store.stats().replication;
         println!(
-            "{name:<28} {:>10.0} marks/s from 2 threads{}",
+            "{name:<28} {:>10.0} marks/s from 2 threads; CPU per mark: {own:.2} us here, {servers:.2} us in the servers{}",
             rate,
             if mode.is_some() {
                 format!(

@@ -130,6 +130,12 @@ impl LocalCluster {
         }
     }
 
+    /// The process ids of the nodes running now (for benchmarks that account for
+    /// the servers' CPU time).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().flatten().map(Child::id).collect()
+    }
+
     /// Client URLs of every node.
     pub fn urls(&self) -> Vec<String> {
         self.client_ports
