@@ -472,6 +472,9 @@ fn async_buffers_up_to_its_budget_then_pushes_back() {
         0
     );
     assert!(p.check_and_set_at("after", accepted).unwrap().is_first());
+    // `Async`: only what a flush returned for is sure to be in the cluster before
+    // another owner takes the partition over.
+    p.flush_partition().unwrap();
     // Every accepted mark reached the changelog, in order.
     let other = Machine::open(
         root.path().join("b"),
@@ -479,6 +482,82 @@ fn async_buffers_up_to_its_budget_then_pushes_back() {
     );
     let restored = other.partition(0).restore_partition().unwrap();
     assert_eq!(restored.records, accepted + 1);
+}
+
+#[test]
+fn a_message_whose_ack_was_lost_still_counts_against_the_budget() {
+    let root = tempfile::tempdir().unwrap();
+    let log = Arc::new(MemoryChangelog::new());
+    let budget = 16 << 10;
+    let machine = Machine::open(
+        root.path().join("a"),
+        replication(&log, ReplicationMode::Async)
+            .buffer_bytes(budget)
+            .message_bytes(4096)
+            .timeout(Duration::from_millis(300)),
+    );
+    let p = machine.partition(0);
+    p.restore_partition().unwrap();
+    // Ids of 200 bytes: a queued record is at least its deadline (8 bytes), its id
+    // and the record's 32 bytes of header and checksum.
+    let id = |n: u64| format!("{n:0>200}");
+    let entry_min = 8 + 200 + 32;
+    // The first message lands but its ack is lost, and then the cluster goes away
+    // (well before the shipper's retry could settle it): the owner's message stays
+    // pending, its outcome unknown, its records not stored as far as the store knows.
+    // The calls after it fail too (the owner's read to settle the message among
+    // them), until the outage below begins.
+    log.inject(Fault::LostAck);
+    for _ in 0..100 {
+        log.inject(Fault::Unavailable);
+    }
+    let mut accepted = 0u64;
+    let started = Instant::now();
+    while log.faults_pending() > 100 {
+        match p.check_and_set_at(id(accepted), accepted) {
+            Ok(outcome) => {
+                assert!(outcome.is_first());
+                accepted += 1;
+            }
+            // The budget filled before the shipper's first round: it comes.
+            Err(Error::ReplicationBacklog { .. }) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the fault was never met"
+        );
+    }
+    log.set_down(true);
+    let refused = loop {
+        match p.check_and_set_at(id(accepted), accepted) {
+            Ok(outcome) => {
+                assert!(outcome.is_first());
+                accepted += 1;
+                assert!(accepted < 10_000, "no pushback");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(refused, Error::ReplicationBacklog { .. }),
+        "{refused:?}"
+    );
+    let stats = machine.store.as_ref().unwrap().stats().replication;
+    assert_eq!(
+        stats.queued_records, accepted,
+        "the pending message's records"
+    );
+    assert!(
+        stats.queued_bytes <= budget as u64,
+        "{}",
+        stats.queued_bytes
+    );
+    // The budget bounds every record not known stored, the pending message's too.
+    assert!(
+        accepted as usize * entry_min <= budget,
+        "{accepted} records of at least {entry_min} bytes buffered under a budget of {budget}"
+    );
 }
 
 #[test]

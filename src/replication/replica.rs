@@ -61,10 +61,15 @@ pub(crate) struct SlotState {
     /// released with an unreachable cluster), the latest last: waiters on them get an
     /// error. At most `DROPPED_RANGES`.
     dropped: Vec<(u64, u64)>,
-    /// Records in the owner's pending message (sent, outcome unknown).
+    /// Records in the owner's pending message (sent, outcome unknown), and their
+    /// bytes as they were queued.
     in_owner: u64,
-    /// A shipper holds the owner.
+    in_owner_bytes: usize,
+    /// A shipper holds the owner, and the records (and their bytes) it took from
+    /// the queue for this round: still queued, for the budget and the stats.
     in_flight: bool,
+    in_flight_records: u64,
+    in_flight_bytes: usize,
     scheduled: bool,
     retry_at: Option<Instant>,
     oldest_queued: Option<Instant>,
@@ -128,6 +133,9 @@ impl Slot {
                 shipped: 0,
                 dropped: Vec::new(),
                 in_owner: 0,
+                in_owner_bytes: 0,
+                in_flight_records: 0,
+                in_flight_bytes: 0,
                 in_flight: false,
                 scheduled: false,
                 retry_at: None,
@@ -149,8 +157,16 @@ impl Slot {
     }
 
     /// Unshipped bytes queued.
+    /// Bytes queued and not yet stored by the cluster: in the queue, taken by a
+    /// shipper this round, or in the owner's pending message.
     pub(crate) fn queued_bytes(state: &SlotState) -> usize {
-        state.buf.len()
+        state.buf.len() + state.in_flight_bytes + state.in_owner_bytes
+    }
+
+    /// Records queued and not yet stored by the cluster, counted as
+    /// [`Slot::queued_bytes`] counts their bytes.
+    pub(crate) fn queued_records(state: &SlotState) -> u64 {
+        state.ends.len() as u64 + state.in_flight_records + state.in_owner
     }
 
     /// Queues one record (called under the key's shard lock, after its local append).
@@ -288,6 +304,7 @@ impl Slot {
         state.buf.clear();
         state.ends.clear();
         state.in_owner = 0;
+        state.in_owner_bytes = 0;
         state.oldest_queued = None;
         if !state.in_flight {
             state.owner = None;
@@ -423,8 +440,8 @@ impl Replica {
                 Role::Fenced(_) => totals.fenced += 1,
                 Role::NotOwned | Role::Restoring => {}
             }
-            totals.queued_records += state.ends.len() as u64 + state.in_owner;
-            totals.queued_bytes += state.buf.len() as u64;
+            totals.queued_records += Slot::queued_records(&state);
+            totals.queued_bytes += Slot::queued_bytes(&state) as u64;
             totals.shipped_records += state.records_shipped;
             totals.shipped_messages += state.messages_shipped;
             totals.shipped_bytes += state.bytes_shipped;

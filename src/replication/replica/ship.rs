@@ -129,6 +129,8 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
             *end -= cut;
         }
         state.in_flight = true;
+        state.in_flight_records = take as u64;
+        state.in_flight_bytes = batch.len();
         (owner, batch, take as u64)
     };
     let mut result: Result<(), ReplicationError> = Ok(());
@@ -151,6 +153,9 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
     }
     // 2. This round's records.
     let mut now_in_owner = if result.is_ok() { 0 } else { in_owner };
+    // The bytes of the owner's pending message after this round: the earlier one's
+    // (unchanged) or this round's batch.
+    let mut pending_is_batch = false;
     if result.is_ok() && count > 0 {
         let records = split(&batch);
         match owner.append(log, &records) {
@@ -161,6 +166,7 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
             Err(e) => {
                 if owner.has_pending() {
                     now_in_owner = count;
+                    pending_is_batch = true;
                 } else {
                     requeue = Some(batch.clone());
                 }
@@ -172,8 +178,15 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
     // A restore or release meanwhile replaced the owner: this one's outcome is its own.
     let current = state.token == owner.token();
     state.in_flight = false;
+    state.in_flight_records = 0;
+    state.in_flight_bytes = 0;
     if current {
         state.in_owner = now_in_owner;
+        if now_in_owner == 0 {
+            state.in_owner_bytes = 0;
+        } else if pending_is_batch {
+            state.in_owner_bytes = batch.len();
+        }
         state.shipped = (state.shipped + landed).min(state.enqueued);
         state.position = owner.last_seq();
     }
