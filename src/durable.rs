@@ -31,7 +31,7 @@ pub struct Durable<T> {
     ticket: Option<u64>,
     answer: Option<Result<T, Error>>,
     /// Then the cluster's (`ReplicationMode::Sync`), until the shipper covers it.
-    ship: Option<ShipWait>,
+    ship: Option<Box<ShipWait>>,
 }
 
 impl<T> std::fmt::Debug for Durable<T> {

@@ -180,7 +180,7 @@ impl Namespace {
                 Pending {
                     value: Ok(()),
                     wait: false,
-                    ship,
+                    ship: ship.map(Box::new),
                 },
             ),
             Err(e) => Durable::ready(Err(e)),

@@ -48,7 +48,8 @@ pub(super) enum Applied {
 pub(crate) struct Pending<T> {
     pub value: T,
     pub wait: bool,
-    pub ship: Option<ShipWait>,
+    /// Boxed: only `Sync` has one, and every answer carries the field.
+    pub ship: Option<Box<ShipWait>>,
 }
 
 impl<T> Pending<T> {
@@ -299,17 +300,17 @@ impl Engine {
         }
     }
 
-    fn ship_wait(&self, slot: &Arc<Slot>, target: u64) -> ShipWait {
+    fn ship_wait(&self, slot: &Arc<Slot>, target: u64) -> Box<ShipWait> {
         let timeout = self
             .replica
             .config
             .as_ref()
             .map_or(std::time::Duration::ZERO, |r| r.timeout);
-        ShipWait {
+        Box::new(ShipWait {
             slot: Arc::clone(slot),
             target,
             deadline: std::time::Instant::now() + timeout,
-        }
+        })
     }
 
     /// Waits for the group commit if `wait`, and for the cluster if `ship`.
