@@ -403,11 +403,11 @@ fn a_fenced_zombie_gets_a_typed_error_and_refuses_writes() {
     }
 }
 
-#[test]
-fn async_buffers_up_to_its_budget_then_pushes_back() {
+/// An `Async` store on the in-process changelog with a byte budget, messages of
+/// 4 KiB and a 300 ms timeout, owning partition 0.
+fn budgeted(budget: usize) -> (tempfile::TempDir, Arc<MemoryChangelog>, Machine) {
     let root = tempfile::tempdir().unwrap();
     let log = Arc::new(MemoryChangelog::new());
-    let budget = 64 << 10;
     let machine = Machine::open(
         root.path().join("a"),
         replication(&log, ReplicationMode::Async)
@@ -415,8 +415,15 @@ fn async_buffers_up_to_its_budget_then_pushes_back() {
             .message_bytes(4096)
             .timeout(Duration::from_millis(300)),
     );
+    machine.partition(0).restore_partition().unwrap();
+    (root, log, machine)
+}
+
+#[test]
+fn async_buffers_up_to_its_budget_then_pushes_back() {
+    let budget = 64 << 10;
+    let (root, log, machine) = budgeted(budget);
     let p = machine.partition(0);
-    p.restore_partition().unwrap();
     log.set_down(true);
     let mut accepted = 0;
     let refused = loop {
@@ -486,18 +493,9 @@ fn async_buffers_up_to_its_budget_then_pushes_back() {
 
 #[test]
 fn a_message_whose_ack_was_lost_still_counts_against_the_budget() {
-    let root = tempfile::tempdir().unwrap();
-    let log = Arc::new(MemoryChangelog::new());
     let budget = 16 << 10;
-    let machine = Machine::open(
-        root.path().join("a"),
-        replication(&log, ReplicationMode::Async)
-            .buffer_bytes(budget)
-            .message_bytes(4096)
-            .timeout(Duration::from_millis(300)),
-    );
+    let (_root, log, machine) = budgeted(budget);
     let p = machine.partition(0);
-    p.restore_partition().unwrap();
     // Ids of 200 bytes: a queued record is at least its deadline (8 bytes), its id
     // and the record's 32 bytes of header and checksum.
     let id = |n: u64| format!("{n:0>200}");
