@@ -156,7 +156,6 @@ impl Slot {
         }
     }
 
-    /// Unshipped bytes queued.
     /// Bytes queued and not yet stored by the cluster: in the queue, taken by a
     /// shipper this round, or in the owner's pending message.
     pub(crate) fn queued_bytes(state: &SlotState) -> usize {
