@@ -257,7 +257,22 @@ impl Engine {
                 }
                 None => None,
             };
-            let location = match self.log.append(write.deadline.0, now.0, &record)? {
+            // Queued for the cluster as the log writes it: the tee copies the bytes the
+            // log just encoded, under the slot's lock taken above.
+            let mut number = None;
+            let appended = match (replication, slot_state.as_mut()) {
+                (Some(_), Some((_, state))) => {
+                    let deadline = write.deadline.0;
+                    let mut tee = |bytes: &[u8]| {
+                        number = Some(Slot::enqueue(state, deadline, bytes.len(), |out| {
+                            out.copy_from_slice(bytes)
+                        }));
+                    };
+                    self.log.append(deadline, now.0, &record, Some(&mut tee))?
+                }
+                _ => self.log.append(write.deadline.0, now.0, &record, None)?,
+            };
+            let location = match appended {
                 AppendOutcome::Retired => continue,
                 AppendOutcome::At(location) => location,
             };
@@ -267,11 +282,7 @@ impl Engine {
                     state.highest_offset =
                         Some(state.highest_offset.map_or(offset, |h| h.max(offset)));
                 }
-                if replication.is_some() {
-                    let number =
-                        Slot::enqueue(state, write.deadline.0, record.encoded_len(), |out| {
-                            record.encode_into(out)
-                        });
+                if let Some(number) = number {
                     self.replica.schedule(slot, state);
                     #[cfg(feature = "planted-bugs")]
                     let sync = sync && !crate::planted::planted("sync-acks-before-ship");

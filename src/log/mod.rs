@@ -214,12 +214,14 @@ impl Log {
     }
 
     /// Appends `record` to the calling thread's stripe of the active segments of the
-    /// bucket `deadline_ms`.
+    /// bucket `deadline_ms`. `tee` is handed the encoded bytes of the record once it is
+    /// written (never for an append that fails or finds the bucket retired).
     pub(crate) fn append(
         &self,
         deadline_ms: u64,
         now_ms: u64,
         record: &StoredRecord<'_>,
+        mut tee: Option<&mut (dyn FnMut(&[u8]) + '_)>,
     ) -> Result<AppendOutcome, Error> {
         self.poison.check()?;
         let stripe = thread_stripe(self.stripes);
@@ -230,7 +232,7 @@ impl Log {
         // before the scan or finds the segment sealed and takes the slow path.
         if let Some((cached_deadline, segment)) = cache.as_ref()
             && *cached_deadline == deadline_ms
-            && let Some(location) = self.append_to(segment, record)?
+            && let Some(location) = self.append_to(segment, record, tee.as_deref_mut())?
         {
             return Ok(AppendOutcome::At(location));
         }
@@ -245,7 +247,7 @@ impl Log {
                     .get(&deadline_ms)
                     .and_then(|b| b.active.get(stripe).copied().flatten());
                 match active.and_then(|slot| table.get(slot)) {
-                    Some(segment) => match self.append_to(segment, record)? {
+                    Some(segment) => match self.append_to(segment, record, tee.as_deref_mut())? {
                         Some(location) => {
                             *cache = Some((deadline_ms, Arc::clone(segment)));
                             return Ok(AppendOutcome::At(location));
@@ -264,8 +266,9 @@ impl Log {
         &self,
         segment: &Arc<Segment>,
         record: &StoredRecord<'_>,
+        tee: Option<&mut (dyn FnMut(&[u8]) + '_)>,
     ) -> Result<Option<Location>, Error> {
-        match segment.append(record) {
+        match segment.append(record, tee) {
             Ok(Appended::At {
                 offset,
                 newly_dirty,

@@ -155,7 +155,9 @@ impl Segment {
 
     /// Appends `record`; returns its offset, or `Full` if it does not fit (or the
     /// segment is sealed). An error means the disk refused to reserve space: nothing
-    /// was written.
+    /// was written. `tee`, if given, is handed the record's bytes right after they are
+    /// encoded, once the append can no longer fail (the replication queue copies them
+    /// instead of encoding the record a second time).
     ///
     /// Space is reserved ahead in growing steps. When less than half a step is left,
     /// the appender that notices reserves the next step *after* releasing the append
@@ -164,7 +166,11 @@ impl Segment {
     /// reserved room left reserves under the lock, or waits for the extension running.
     /// Likewise the appender that comes within half a write window of the pages mapped
     /// writable maps the next window, after releasing the lock.
-    pub(crate) fn append(&self, record: &StoredRecord<'_>) -> io::Result<Appended> {
+    pub(crate) fn append(
+        &self,
+        record: &StoredRecord<'_>,
+        tee: Option<&mut (dyn FnMut(&[u8]) + '_)>,
+    ) -> io::Result<Appended> {
         let len = record.encoded_len() as u64;
         let mut state = self.append.lock();
         let (offset, end) = loop {
@@ -189,8 +195,15 @@ impl Segment {
                 .allocate(state.allocated, new_allocated - state.allocated)?;
             state.allocated = new_allocated;
         };
-        self.file
-            .write_with(offset, len as usize, &mut |out| record.encode_into(out));
+        match tee {
+            None => self
+                .file
+                .write_with(offset, len as usize, &mut |out| record.encode_into(out)),
+            Some(tee) => self.file.write_with(offset, len as usize, &mut |out| {
+                record.encode_into(out);
+                tee(out);
+            }),
+        }
         debug_assert!(record::decode(self.file.read(offset, len as usize)).is_ok());
         self.published.store(end, Ordering::Release);
         let newly_dirty = !state.dirty;

@@ -16,6 +16,9 @@ const ASYNC_LINGER: Duration = Duration::from_millis(2);
 const LINGER: Duration = Duration::from_micros(200);
 
 pub(super) fn ship_loop(replica: std::sync::Weak<Replica>) {
+    // The buffer this thread swaps into a slot for the records it takes, so that a
+    // round copies nothing and maps no fresh pages (reused round after round).
+    let mut spare = Vec::new();
     loop {
         let Some(replica) = replica.upgrade() else {
             return;
@@ -39,7 +42,7 @@ pub(super) fn ship_loop(replica: std::sync::Weak<Replica>) {
             }
         };
         match slot {
-            Some(slot) => ship(&replica, &slot),
+            Some(slot) => ship(&replica, &slot, &mut spare),
             None => expire_waiters(&replica),
         }
     }
@@ -61,8 +64,8 @@ fn expire_waiters(replica: &Replica) {
 }
 
 /// One round of one slot: settle what the owner has pending, then send one message of
-/// what is queued.
-fn ship(replica: &Replica, slot: &Arc<Slot>) {
+/// what is queued. `spare` is the shipping thread's reusable buffer.
+fn ship(replica: &Replica, slot: &Arc<Slot>, spare: &mut Vec<u8>) {
     let Some(config) = replica.config.as_ref() else {
         return;
     };
@@ -122,12 +125,22 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
         while take < state.ends.len() && (take == 0 || state.ends[take] <= limit) {
             take += 1;
         }
-        let cut = if take == 0 { 0 } else { state.ends[take - 1] };
-        let batch: Vec<u8> = state.buf.drain(..cut).collect();
-        state.ends.drain(..take);
-        for end in &mut state.ends {
-            *end -= cut;
-        }
+        let batch: Vec<u8> = if take == state.ends.len() {
+            // All of it (the common case): swap the queue with the spare buffer.
+            let mut batch = std::mem::take(spare);
+            batch.clear();
+            std::mem::swap(&mut state.buf, &mut batch);
+            state.ends.clear();
+            batch
+        } else {
+            let cut = state.ends[take - 1];
+            let batch = state.buf.drain(..cut).collect();
+            state.ends.drain(..take);
+            for end in &mut state.ends {
+                *end -= cut;
+            }
+            batch
+        };
         state.in_flight = true;
         state.in_flight_records = take as u64;
         state.in_flight_bytes = batch.len();
@@ -246,6 +259,10 @@ fn ship(replica: &Replica, slot: &Arc<Slot>) {
     slot.notify(&mut state);
     if more && state.retry_at.is_none() {
         replica.schedule(slot, &mut state);
+    }
+    drop(state);
+    if batch.capacity() > spare.capacity() {
+        *spare = batch;
     }
 }
 
