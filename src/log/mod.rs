@@ -25,7 +25,7 @@ use crate::index::{Drained, Shard};
 use crate::io::Vfs;
 use crate::poison::Poison;
 use directory::Directory;
-pub(crate) use segment::{Appended, Segment};
+pub(crate) use segment::{Appended, Segment, Tee};
 
 /// The segments of one expiry bucket.
 #[derive(Default)]
@@ -221,7 +221,7 @@ impl Log {
         deadline_ms: u64,
         now_ms: u64,
         record: &StoredRecord<'_>,
-        mut tee: Option<&mut (dyn FnMut(&[u8]) + '_)>,
+        mut tee: Option<Tee<'_, '_>>,
     ) -> Result<AppendOutcome, Error> {
         self.poison.check()?;
         let stripe = thread_stripe(self.stripes);
@@ -266,7 +266,7 @@ impl Log {
         &self,
         segment: &Arc<Segment>,
         record: &StoredRecord<'_>,
-        tee: Option<&mut (dyn FnMut(&[u8]) + '_)>,
+        tee: Option<Tee<'_, '_>>,
     ) -> Result<Option<Location>, Error> {
         match segment.append(record, tee) {
             Ok(Appended::At {

@@ -22,6 +22,9 @@ const WRITE_WINDOW: u64 = 128 * 1024;
 const ALLOCATE_STEP_MIN: u64 = 64 * 1024;
 const ALLOCATE_STEP_MAX: u64 = 4 << 20;
 
+/// Handed a record's bytes as an append writes them (`Segment::append`).
+pub(crate) type Tee<'r, 'f> = &'r mut (dyn FnMut(&[u8]) + 'f);
+
 pub(crate) struct Segment {
     pub slot: SegmentSlot,
     pub seq: u64,
@@ -169,7 +172,7 @@ impl Segment {
     pub(crate) fn append(
         &self,
         record: &StoredRecord<'_>,
-        tee: Option<&mut (dyn FnMut(&[u8]) + '_)>,
+        tee: Option<Tee<'_, '_>>,
     ) -> io::Result<Appended> {
         let len = record.encoded_len() as u64;
         let mut state = self.append.lock();
