@@ -2,11 +2,14 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 
 use parking_lot::MutexGuard;
 
 use super::survey::{self, RecordSurvey};
-use crate::format::record::StoredRecord;
+use crate::addr::Lsn;
+use crate::format::record::{self, State, StoredRecord};
 use crate::index::{Index, KeyHash, Shard};
 use crate::io::SegmentFile;
 use crate::log::{Location, Log, SegmentSlot};
@@ -24,101 +27,177 @@ impl Pending {
     }
 }
 
+/// A decoded record on its way to the thread that holds its shard: what applying it
+/// needs, without decoding it again (its key is read back only if the shard already
+/// holds an entry with the same fingerprint).
+struct Routed {
+    hash: KeyHash,
+    lsn: Lsn,
+    offset: u32,
+    state: State,
+}
+
+/// One segment's records for one thread's shards.
+struct Batch {
+    segment: usize,
+    records: Vec<Routed>,
+}
+
 /// Replays every pending segment; the survey of each one's records, in order.
 ///
-/// Each of up to one thread per core locks its own share of the shards for the whole
-/// replay, reads every segment and applies only the records of its shards: no lock
-/// operation per record (a locked instruction per record would serialize the table's
-/// cache misses), and no two threads ever share a shard. Reading and hashing a record
-/// once per thread costs far less.
+/// Up to one thread per core. Each locks its own share of the shards (`shard % parts`)
+/// for the whole replay, so applying a record takes no lock operation (a locked
+/// instruction per record would serialize the table's cache misses) and no two
+/// threads ever share a shard. The segments are split between the threads: each
+/// decodes and verifies the segments it takes (every record is decoded, checksummed
+/// and hashed once, by one thread), applies the records of its own shards, and hands
+/// each other thread its records in one batch per segment; between segments, and once
+/// no segment is left, it applies the batches handed to it.
 pub(super) fn replay_all(
     log: &Log,
     index: &Index,
     pending: &[Pending],
     namespace_count: usize,
 ) -> Vec<RecordSurvey> {
-    let parts = crate::options::parallelism().min(index.shard_count());
-    let replay_part = |part: usize| {
+    let parts = crate::options::parallelism()
+        .min(index.shard_count())
+        .min(pending.len())
+        .max(1);
+    let next = AtomicUsize::new(0);
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..parts).map(|_| mpsc::channel()).unzip();
+    let worker = Worker {
+        log,
+        index,
+        pending,
+        namespace_count,
+        parts,
+        next: &next,
+    };
+    let mut surveys: Vec<(usize, RecordSurvey)> = std::thread::scope(|s| {
+        let mut receivers = receivers.into_iter();
+        let own = receivers.next().expect("at least one part");
+        let others: Vec<_> = receivers
+            .enumerate()
+            .map(|(i, inbox)| {
+                let senders = senders.clone();
+                let worker = &worker;
+                s.spawn(move || worker.run(i + 1, senders, inbox))
+            })
+            .collect();
+        // Every thread holds the senders it needs: once all have run out of
+        // segments and dropped theirs, each inbox ends.
+        let mut surveys = worker.run(0, senders, own);
+        for other in others {
+            surveys.extend(other.join().expect("a recovery thread panicked"));
+        }
+        surveys
+    });
+    surveys.sort_unstable_by_key(|&(segment, _)| segment);
+    debug_assert!(surveys.iter().enumerate().all(|(i, &(s, _))| i == s));
+    surveys.into_iter().map(|(_, survey)| survey).collect()
+}
+
+struct Worker<'a> {
+    log: &'a Log,
+    index: &'a Index,
+    pending: &'a [Pending],
+    namespace_count: usize,
+    parts: usize,
+    next: &'a AtomicUsize,
+}
+
+impl Worker<'_> {
+    /// Thread `part`'s replay: the surveys of the segments it decoded.
+    fn run(
+        &self,
+        part: usize,
+        senders: Vec<mpsc::Sender<Batch>>,
+        inbox: mpsc::Receiver<Batch>,
+    ) -> Vec<(usize, RecordSurvey)> {
+        let index = self.index;
         let mut shards: Vec<MutexGuard<'_, Shard>> = (part..index.shard_count())
-            .step_by(parts)
+            .step_by(self.parts)
             .map(|i| index.lock_at(i))
             .collect();
-        pending
-            .iter()
-            .map(|segment| {
-                replay(
-                    log,
-                    index,
-                    &mut shards,
-                    segment,
-                    namespace_count,
-                    part,
-                    parts,
-                )
-            })
-            .collect::<Vec<_>>()
-    };
-    if parts <= 1 || pending.is_empty() {
-        return replay_part(0);
+        let mut surveys = Vec::new();
+        loop {
+            let segment = self.next.fetch_add(1, Ordering::Relaxed);
+            if segment >= self.pending.len() {
+                break;
+            }
+            let mut outboxes: Vec<Vec<Routed>> = (0..self.parts).map(|_| Vec::new()).collect();
+            let bytes = self.pending[segment].bytes();
+            let survey = survey::scan_records(bytes, self.namespace_count, |offset, record| {
+                let hash = KeyHash::of_record(record);
+                outboxes[index.shard_of(hash) % self.parts].push(Routed {
+                    hash,
+                    lsn: record.lsn,
+                    offset: offset as u32,
+                    state: record.state,
+                });
+            });
+            surveys.push((segment, survey));
+            for (to, records) in outboxes.into_iter().enumerate() {
+                let batch = Batch { segment, records };
+                if to == part {
+                    self.apply(&mut shards, batch);
+                } else if !batch.records.is_empty() {
+                    senders[to]
+                        .send(batch)
+                        .expect("every replay thread receives until all senders are gone");
+                }
+            }
+            while let Ok(batch) = inbox.try_recv() {
+                self.apply(&mut shards, batch);
+            }
+        }
+        drop(senders);
+        for batch in inbox {
+            self.apply(&mut shards, batch);
+        }
+        surveys
     }
-    std::thread::scope(|s| {
-        let others: Vec<_> = (1..parts)
-            .map(|part| s.spawn(move || replay_part(part)))
-            .collect();
-        let first = replay_part(0);
-        for other in others {
-            other.join().expect("a recovery thread panicked");
+
+    /// Applies a batch of records of this thread's shards.
+    fn apply(&self, shards: &mut [MutexGuard<'_, Shard>], batch: Batch) {
+        let segment = &self.pending[batch.segment];
+        let bytes = segment.bytes();
+        for routed in &batch.records {
+            let shard = self.index.shard_of(routed.hash) / self.parts;
+            let location = Location {
+                slot: segment.slot,
+                offset: routed.offset,
+            };
+            apply(self.log, &mut shards[shard], routed, location, || {
+                record::decode(&bytes[routed.offset as usize..])
+                    .expect("the scan decoded this record")
+                    .0
+            });
         }
-        first
-    })
+    }
 }
 
-/// Replays one segment's records of the shards `part` of `parts` into the index; the
-/// survey (records, damage) covers the whole segment.
-fn replay(
-    log: &Log,
-    index: &Index,
-    shards: &mut [MutexGuard<'_, Shard>],
-    segment: &Pending,
-    namespace_count: usize,
-    part: usize,
-    parts: usize,
-) -> RecordSurvey {
-    survey::scan_records(segment.bytes(), namespace_count, |offset, record| {
-        let hash = KeyHash::of_record(record);
-        let shard = index.shard_of(hash);
-        if shard % parts == part {
-            apply(
-                log,
-                &mut shards[shard / parts],
-                hash,
-                segment.slot,
-                offset,
-                record,
-            );
-        }
-    })
-}
-
-/// Makes `record` the indexed state of its key unless a newer record already is.
-fn apply(
+/// Makes the record at `location` the indexed state of its key unless a newer record
+/// already is. `record` decodes it again, only needed if the shard holds an entry with
+/// the same fingerprint (the same key written twice, or a fingerprint collision).
+fn apply<'r>(
     log: &Log,
     shard: &mut Shard,
-    hash: KeyHash,
-    slot: SegmentSlot,
-    offset: usize,
-    record: &StoredRecord<'_>,
+    routed: &Routed,
+    location: Location,
+    record: impl FnOnce() -> StoredRecord<'r>,
 ) {
-    let location = Location {
-        slot,
-        offset: offset as u32,
-    };
     let mut existing = None;
+    let mut record = Some(record);
+    let mut key: Option<StoredRecord<'r>> = None;
     let held: &Shard = shard;
-    held.find(hash, |candidate| {
+    held.find(routed.hash, |candidate| {
+        let ours = key.get_or_insert_with(|| (record.take().expect("decoded once"))());
         let found = log
             .with_record(held, candidate, |_, other| {
-                (other.namespace_id == record.namespace_id && other.id == record.id)
+                (other.namespace_id == ours.namespace_id
+                    && other.placement.partition == ours.placement.partition
+                    && other.id == ours.id)
                     .then_some((other.lsn, other.state))
             })
             .ok()
@@ -129,15 +208,15 @@ fn apply(
         found.is_some()
     });
     match existing {
-        Some((_, lsn, _)) if lsn >= record.lsn => {}
+        Some((_, lsn, _)) if lsn >= routed.lsn => {}
         Some((old, _, old_state)) => {
-            shard.upsert(hash, Some(old), location);
+            shard.upsert(routed.hash, Some(old), location);
             shard.counts.sub(old_state);
-            shard.counts.add(record.state);
+            shard.counts.add(routed.state);
         }
         None => {
-            shard.upsert(hash, None, location);
-            shard.counts.add(record.state);
+            shard.upsert(routed.hash, None, location);
+            shard.counts.add(routed.state);
         }
     }
 }
