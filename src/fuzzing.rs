@@ -236,3 +236,77 @@ pub fn encode_changelog_message(
     };
     changelog::encode(&header, &borrowed)
 }
+
+/// A cold index file (issue 11) decoded whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedColdIndex {
+    /// Its generation number.
+    pub generation: u64,
+    /// `(segment seq, bucket deadline)` of each segment its entries point into.
+    pub segments: Vec<(u64, u64)>,
+    /// `(key hash, segment position, offset)` of each entry, in file order.
+    pub entries: Vec<(u64, u32, u32)>,
+    /// Whether the file's filter says "may contain" for every entry's key hash.
+    pub filter_holds_every_entry: bool,
+    /// The file encoded again from its decoded fields.
+    pub reencoded: Vec<u8>,
+}
+
+/// Decodes and verifies a whole cold index file; `Err` says why not.
+pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
+    use crate::format::cold_index;
+    let decoded = cold_index::decode_file(bytes).map_err(|e| format!("{e:?}"))?;
+    let filter = &decoded.sections.filter;
+    Ok(DecodedColdIndex {
+        generation: decoded.header.generation,
+        segments: decoded
+            .sections
+            .segments
+            .iter()
+            .map(|s| (s.seq, s.bucket_deadline_ms))
+            .collect(),
+        entries: decoded
+            .entries
+            .iter()
+            .map(|e| (e.key_hash, e.segment, e.offset))
+            .collect(),
+        filter_holds_every_entry: decoded
+            .entries
+            .iter()
+            .all(|e| filter.may_contain(e.key_hash)),
+        reencoded: cold_index::encode(
+            decoded.header.generation,
+            &decoded.sections.segments,
+            &decoded.entries,
+            decoded.header.filter_seed,
+        ),
+    })
+}
+
+/// Encodes a cold index file (for seeds and tests): `segments` are `(seq, bucket
+/// deadline)`, `entries` `(key hash, segment position, offset)`, sorted here.
+pub fn encode_cold_index(
+    generation: u64,
+    segments: &[(u64, u64)],
+    entries: &[(u64, u32, u32)],
+    filter_seed: u64,
+) -> Vec<u8> {
+    use crate::format::cold_index::{self, ColdEntry, ColdSegment};
+    let segments: Vec<ColdSegment> = segments
+        .iter()
+        .map(|&(seq, bucket_deadline_ms)| ColdSegment {
+            seq,
+            bucket_deadline_ms,
+        })
+        .collect();
+    let mut entries: Vec<ColdEntry> = entries
+        .iter()
+        .map(|&(key_hash, segment, offset)| ColdEntry {
+            key_hash,
+            segment,
+            offset,
+        })
+        .collect();
+    entries.sort();
+    cold_index::encode(generation, &segments, &entries, filter_seed)
+}

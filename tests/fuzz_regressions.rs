@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 #[path = "../fuzz/harness/changelog_message.rs"]
 mod changelog_message;
+#[path = "../fuzz/harness/cold_index.rs"]
+mod cold_index;
 #[path = "../fuzz/harness/model_ops.rs"]
 mod model_ops;
 #[path = "../fuzz/harness/open_dir.rs"]
@@ -122,12 +124,54 @@ fn changelog_seed() -> Vec<u8> {
 }
 
 #[test]
+fn cold_index_inputs() {
+    replay("cold_index", cold_index::run);
+}
+
+/// The seed of the cold_index target is what the encoder writes today: two pages, an
+/// equal-hash pair across their boundary, three segments.
+#[test]
+fn the_cold_index_seed_is_current() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz/cold_index/seed-two-pages");
+    let expected = cold_index_seed();
+    if std::env::var_os("IDEMSTORE_WRITE_SEEDS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &expected).unwrap();
+    }
+    let seed = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(seed, expected, "regenerate with IDEMSTORE_WRITE_SEEDS=1");
+    let decoded = idemstore::fuzzing::decode_cold_index(&seed).unwrap();
+    assert_eq!(decoded.entries.len(), 300);
+    cold_index::run(&seed);
+}
+
+fn cold_index_seed() -> Vec<u8> {
+    let mut entries: Vec<(u64, u32, u32)> = (0..300u32)
+        .map(|i| (u64::from(i) * 0x0101_0101_0101, i % 3, 64 + 48 * i))
+        .collect();
+    // Entries 254 and 255 (the last of page 0, the first of page 1) share a hash.
+    entries[255].0 = entries[254].0;
+    idemstore::fuzzing::encode_cold_index(
+        4,
+        &[
+            (10, 1_700_000_060_000),
+            (11, 1_700_000_060_000),
+            (12, 1_700_000_120_000),
+        ],
+        &entries,
+        0x5eed,
+    )
+}
+
+#[test]
 fn every_crash_input_is_explained() {
     for target in [
         "record_decoder",
         "open_dir",
         "model_ops",
         "changelog_message",
+        "cold_index",
     ] {
         for file in inputs(target) {
             let name = file.file_name().unwrap().to_str().unwrap();

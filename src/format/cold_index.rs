@@ -1,0 +1,661 @@
+//! Cold index files (issue 11): the index entries of sealed buckets, moved out of RAM
+//! once the memory budget is exceeded, written once and never changed. One file is one
+//! *generation*; a higher generation number is newer (spill order). `docs/FORMAT.md`
+//! ("Cold index files") is the specification; the constants below mirror it.
+//!
+//! ```text
+//! page 0: the header (64 bytes), then zeros to 4096
+//! offset size field
+//! 0      8    magic          b"IDEMCOLD"
+//! 8      4    version        1
+//! 12     4    header_len     64
+//! 16     8    generation     spill order: higher is newer
+//! 24     4    segment_count  entries of the segment table (1 or more)
+//! 28     4    page_count     entry pages (1 or more)
+//! 32     8    entry_count    entries in all pages
+//! 40     4    filter_blocks  32-byte blocks of the filter
+//! 44     4    reserved       zero
+//! 48     8    filter_seed    the seed of the filter's hash
+//! 56     8    checksum       xxh3-64 of bytes 0..56
+//!
+//! pages 1..=page_count, 4096 bytes each: the entries sorted by key hash
+//! 0      16n  entries (n = 255 in every page but the last, 1..=255 there)
+//!             0  8  key_hash   KeyHash of the record's key
+//!             8  4  segment    position in the segment table
+//!             12 4  offset     of the record in that segment
+//! 16n    ..   zeros up to 4080
+//! 4080   4    entry_count      n
+//! 4084   4    reserved         zero
+//! 4088   8    checksum         xxh3-64 of the page's bytes 0..4088
+//!
+//! then the sections, each followed by an 8-byte xxh3-64 of its bytes:
+//! segment table  segment_count × (segment_seq u64, bucket_deadline u64)
+//! filter         filter_blocks × 32 bytes (index::filter::BlockFilter)
+//! fences         page_count × u64: the first key hash of each page
+//! ```
+//!
+//! The file's length is exactly what the header's counts make it. Opening a generation
+//! reads the header and the sections (about 1.5 bytes per entry) and checks every
+//! checksum; a page is read, and its checksum checked, only when a lookup needs it.
+//! Every decoder here checks every bound, allocates nothing it was not told to by a
+//! checksummed count, and never panics, whatever the bytes.
+
+use super::{read_u32, read_u64};
+use crate::index::filter::{BLOCK_LEN, BlockFilter};
+
+pub(crate) const MAGIC: [u8; 8] = *b"IDEMCOLD";
+pub(crate) const VERSION: u32 = 1;
+/// The unit of the file: the header's page and each entry page.
+pub(crate) const PAGE_LEN: usize = 4096;
+pub(crate) const HEADER_LEN: usize = 64;
+pub(crate) const ENTRY_LEN: usize = 16;
+/// Entries in a full page.
+pub(crate) const PAGE_ENTRIES: usize = 255;
+const PAGE_COUNT_OFFSET: usize = PAGE_LEN - 16;
+const PAGE_CHECKSUM_OFFSET: usize = PAGE_LEN - 8;
+const _: () = assert!(PAGE_ENTRIES * ENTRY_LEN <= PAGE_COUNT_OFFSET);
+const SEGMENT_LEN: usize = 16;
+const CHECKSUM_LEN: usize = 8;
+
+/// One index entry: where the record of a key with this hash lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct ColdEntry {
+    pub key_hash: u64,
+    /// A position in the file's segment table.
+    pub segment: u32,
+    pub offset: u32,
+}
+
+/// A segment a generation's entries point into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ColdSegment {
+    pub seq: u64,
+    pub bucket_deadline_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub generation: u64,
+    pub segment_count: u32,
+    pub page_count: u32,
+    pub entry_count: u64,
+    pub filter_blocks: u32,
+    pub filter_seed: u64,
+}
+
+impl Header {
+    /// Where the sections start: after the header's page and the entry pages.
+    pub(crate) fn sections_offset(&self) -> u64 {
+        (1 + u64::from(self.page_count)) * PAGE_LEN as u64
+    }
+
+    fn sections_len(&self) -> u64 {
+        u64::from(self.segment_count) * SEGMENT_LEN as u64
+            + u64::from(self.filter_blocks) * BLOCK_LEN as u64
+            + u64::from(self.page_count) * 8
+            + 3 * CHECKSUM_LEN as u64
+    }
+
+    /// The exact length of the file.
+    pub(crate) fn file_len(&self) -> u64 {
+        self.sections_offset() + self.sections_len()
+    }
+
+    /// Where page `page` (0-based among the entry pages) starts.
+    pub(crate) fn page_offset(&self, page: u32) -> u64 {
+        (1 + u64::from(page)) * PAGE_LEN as u64
+    }
+}
+
+/// Why bytes are not a cold index file (or a part of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ColdError {
+    Truncated,
+    Invalid(&'static str),
+    Checksum(&'static str),
+}
+
+impl ColdError {
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            ColdError::Truncated => "cold index file truncated",
+            ColdError::Invalid(why) | ColdError::Checksum(why) => why,
+        }
+    }
+}
+
+fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// Encodes a whole file. `entries` must be sorted by key hash (then anything), every
+/// `segment` a position in `segments`; neither may be empty.
+pub(crate) fn encode(
+    generation: u64,
+    segments: &[ColdSegment],
+    entries: &[ColdEntry],
+    filter_seed: u64,
+) -> Vec<u8> {
+    assert!(!segments.is_empty() && !entries.is_empty());
+    debug_assert!(entries.windows(2).all(|w| w[0].key_hash <= w[1].key_hash));
+    debug_assert!(
+        entries
+            .iter()
+            .all(|e| (e.segment as usize) < segments.len())
+    );
+    let pages: Vec<&[ColdEntry]> = entries.chunks(PAGE_ENTRIES).collect();
+    let mut filter = BlockFilter::with_capacity(entries.len(), filter_seed);
+    for entry in entries {
+        filter.insert(entry.key_hash);
+    }
+    let header = Header {
+        generation,
+        segment_count: u32::try_from(segments.len()).expect("segments fit u32"),
+        page_count: u32::try_from(pages.len()).expect("pages fit u32"),
+        entry_count: entries.len() as u64,
+        filter_blocks: u32::try_from(filter.block_count()).expect("blocks fit u32"),
+        filter_seed,
+    };
+    let mut out = Vec::with_capacity(header.file_len() as usize);
+    out.extend_from_slice(&encode_header(&header));
+    out.resize(PAGE_LEN, 0);
+    for page in &pages {
+        out.extend_from_slice(&encode_page(page));
+    }
+    let start = out.len();
+    for segment in segments {
+        out.extend_from_slice(&segment.seq.to_le_bytes());
+        out.extend_from_slice(&segment.bucket_deadline_ms.to_le_bytes());
+    }
+    let sum = checksum(&out[start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+    let start = out.len();
+    filter.encode_into(&mut out);
+    let sum = checksum(&out[start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+    let start = out.len();
+    for page in &pages {
+        out.extend_from_slice(&page[0].key_hash.to_le_bytes());
+    }
+    let sum = checksum(&out[start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+    debug_assert_eq!(out.len() as u64, header.file_len());
+    out
+}
+
+pub(crate) fn encode_header(header: &Header) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
+    out[0..8].copy_from_slice(&MAGIC);
+    out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    out[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+    out[16..24].copy_from_slice(&header.generation.to_le_bytes());
+    out[24..28].copy_from_slice(&header.segment_count.to_le_bytes());
+    out[28..32].copy_from_slice(&header.page_count.to_le_bytes());
+    out[32..40].copy_from_slice(&header.entry_count.to_le_bytes());
+    out[40..44].copy_from_slice(&header.filter_blocks.to_le_bytes());
+    out[48..56].copy_from_slice(&header.filter_seed.to_le_bytes());
+    let sum = checksum(&out[..56]);
+    out[56..64].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// One entry page: `entries` (1 to 255 of them), sorted.
+pub(crate) fn encode_page(entries: &[ColdEntry]) -> [u8; PAGE_LEN] {
+    assert!(!entries.is_empty() && entries.len() <= PAGE_ENTRIES);
+    let mut out = [0u8; PAGE_LEN];
+    for (i, entry) in entries.iter().enumerate() {
+        let at = i * ENTRY_LEN;
+        out[at..at + 8].copy_from_slice(&entry.key_hash.to_le_bytes());
+        out[at + 8..at + 12].copy_from_slice(&entry.segment.to_le_bytes());
+        out[at + 12..at + 16].copy_from_slice(&entry.offset.to_le_bytes());
+    }
+    out[PAGE_COUNT_OFFSET..PAGE_COUNT_OFFSET + 4]
+        .copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    let sum = checksum(&out[..PAGE_CHECKSUM_OFFSET]);
+    out[PAGE_CHECKSUM_OFFSET..].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// Decodes and verifies the header at the start of `bytes`.
+pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(ColdError::Truncated);
+    }
+    if bytes[0..8] != MAGIC {
+        return Err(ColdError::Invalid("not a cold index file (bad magic)"));
+    }
+    if read_u64(bytes, 56) != checksum(&bytes[..56]) {
+        return Err(ColdError::Checksum("cold index header checksum mismatch"));
+    }
+    if read_u32(bytes, 8) != VERSION {
+        return Err(ColdError::Invalid("unsupported cold index version"));
+    }
+    if read_u32(bytes, 12) as usize != HEADER_LEN || read_u32(bytes, 44) != 0 {
+        return Err(ColdError::Invalid("cold index header fields out of range"));
+    }
+    let header = Header {
+        generation: read_u64(bytes, 16),
+        segment_count: read_u32(bytes, 24),
+        page_count: read_u32(bytes, 28),
+        entry_count: read_u64(bytes, 32),
+        filter_blocks: read_u32(bytes, 40),
+        filter_seed: read_u64(bytes, 48),
+    };
+    let pages = u64::from(header.page_count);
+    let full_pages = header.entry_count.div_ceil(PAGE_ENTRIES as u64);
+    if header.segment_count == 0 || header.page_count == 0 || full_pages != pages {
+        return Err(ColdError::Invalid("cold index counts disagree"));
+    }
+    // The filter is sized by the entry count, so a damaged count cannot make the
+    // filter, or an allocation made from it, arbitrary.
+    let expected_blocks = usize::try_from(header.entry_count)
+        .ok()
+        .map(BlockFilter::blocks_for);
+    if expected_blocks != Some(header.filter_blocks as usize) {
+        return Err(ColdError::Invalid(
+            "cold index filter size disagrees with its entries",
+        ));
+    }
+    Ok(header)
+}
+
+/// The sections of a generation: what stays in RAM while it is open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sections {
+    pub segments: Vec<ColdSegment>,
+    pub filter: BlockFilter,
+    /// The first key hash of each page.
+    pub fences: Vec<u64>,
+}
+
+/// Decodes and verifies the sections: `bytes` is the file from
+/// `header.sections_offset()` to its end.
+pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections, ColdError> {
+    if (bytes.len() as u64) < header.sections_len() {
+        return Err(ColdError::Truncated);
+    }
+    if bytes.len() as u64 != header.sections_len() {
+        return Err(ColdError::Invalid("cold index file longer than its counts"));
+    }
+    let mut at = 0;
+    let mut section = |len: usize, what: &'static str| -> Result<&[u8], ColdError> {
+        let body = &bytes[at..at + len];
+        if read_u64(bytes, at + len) != checksum(body) {
+            return Err(ColdError::Checksum(what));
+        }
+        at += len + CHECKSUM_LEN;
+        Ok(body)
+    };
+    let table = section(
+        header.segment_count as usize * SEGMENT_LEN,
+        "cold index segment table checksum mismatch",
+    )?;
+    let filter = section(
+        header.filter_blocks as usize * BLOCK_LEN,
+        "cold index filter checksum mismatch",
+    )?;
+    let fences = section(
+        header.page_count as usize * 8,
+        "cold index fences checksum mismatch",
+    )?;
+    let segments = table
+        .chunks_exact(SEGMENT_LEN)
+        .map(|s| ColdSegment {
+            seq: read_u64(s, 0),
+            bucket_deadline_ms: read_u64(s, 8),
+        })
+        .collect();
+    let filter = BlockFilter::decode(header.filter_seed, filter)
+        .ok_or(ColdError::Invalid("cold index filter has no blocks"))?;
+    let fences: Vec<u64> = fences.chunks_exact(8).map(|f| read_u64(f, 0)).collect();
+    if fences.windows(2).any(|w| w[0] > w[1]) {
+        return Err(ColdError::Invalid("cold index fences out of order"));
+    }
+    Ok(Sections {
+        segments,
+        filter,
+        fences,
+    })
+}
+
+/// Decodes and verifies entry page `page` of a generation: its checksum, its count
+/// (255 in every page but the last), its order, that it starts at its fence and ends
+/// at or before the next one, and that every entry names a segment of the table.
+/// Appends its entries to `out`.
+pub(crate) fn decode_page(
+    header: &Header,
+    sections: &Sections,
+    page: u32,
+    bytes: &[u8],
+    out: &mut Vec<ColdEntry>,
+) -> Result<(), ColdError> {
+    if bytes.len() < PAGE_LEN {
+        return Err(ColdError::Truncated);
+    }
+    let bytes = &bytes[..PAGE_LEN];
+    if read_u64(bytes, PAGE_CHECKSUM_OFFSET) != checksum(&bytes[..PAGE_CHECKSUM_OFFSET]) {
+        return Err(ColdError::Checksum("cold index page checksum mismatch"));
+    }
+    let Some(&fence) = sections.fences.get(page as usize) else {
+        return Err(ColdError::Invalid("cold index page beyond the last"));
+    };
+    let count = read_u32(bytes, PAGE_COUNT_OFFSET) as usize;
+    let last = page + 1 == header.page_count;
+    let expected = if last {
+        (header.entry_count - u64::from(page) * PAGE_ENTRIES as u64) as usize
+    } else {
+        PAGE_ENTRIES
+    };
+    if count != expected || read_u32(bytes, PAGE_COUNT_OFFSET + 4) != 0 {
+        return Err(ColdError::Invalid("cold index page count disagrees"));
+    }
+    let next_fence = sections.fences.get(page as usize + 1).copied();
+    let start = out.len();
+    let mut previous = fence;
+    for i in 0..count {
+        let at = i * ENTRY_LEN;
+        let entry = ColdEntry {
+            key_hash: read_u64(bytes, at),
+            segment: read_u32(bytes, at + 8),
+            offset: read_u32(bytes, at + 12),
+        };
+        let in_order = if i == 0 {
+            entry.key_hash == fence
+        } else {
+            entry.key_hash >= previous
+        };
+        if !in_order || next_fence.is_some_and(|next| entry.key_hash > next) {
+            out.truncate(start);
+            return Err(ColdError::Invalid("cold index page out of order"));
+        }
+        if entry.segment as usize >= sections.segments.len() {
+            out.truncate(start);
+            return Err(ColdError::Invalid("cold index entry names no segment"));
+        }
+        previous = entry.key_hash;
+        out.push(entry);
+    }
+    if bytes[count * ENTRY_LEN..PAGE_COUNT_OFFSET]
+        .iter()
+        .any(|&b| b != 0)
+    {
+        out.truncate(start);
+        return Err(ColdError::Invalid(
+            "cold index page has bytes past its entries",
+        ));
+    }
+    Ok(())
+}
+
+/// The pages that may hold entries with `key_hash`: from the last page whose fence is
+/// below it (equal hashes may end the page before) through the last page whose fence
+/// is at most it. Empty if it is below every fence.
+pub(crate) fn pages_for(fences: &[u64], key_hash: u64) -> std::ops::Range<u32> {
+    let through = fences.partition_point(|&f| f <= key_hash);
+    if through == 0 {
+        return 0..0;
+    }
+    let from = fences.partition_point(|&f| f < key_hash).saturating_sub(1);
+    from as u32..through as u32
+}
+
+/// The entries of a generation whose key hash is `key_hash` (none if the filter rules
+/// it out): the filter, then the fences, then each page that may hold it, read through
+/// `read_page(page, buffer)` and verified. A page that fails is an error: the caller
+/// cannot know what it held.
+pub(crate) fn find<E>(
+    header: &Header,
+    sections: &Sections,
+    key_hash: u64,
+    mut read_page: impl FnMut(u32, &mut [u8; PAGE_LEN]) -> Result<(), E>,
+    out: &mut Vec<ColdEntry>,
+) -> Result<(), FindError<E>> {
+    if !sections.filter.may_contain(key_hash) {
+        return Ok(());
+    }
+    let mut page_bytes = [0u8; PAGE_LEN];
+    let mut entries = Vec::new();
+    for page in pages_for(&sections.fences, key_hash) {
+        read_page(page, &mut page_bytes).map_err(FindError::Read)?;
+        entries.clear();
+        decode_page(header, sections, page, &page_bytes, &mut entries).map_err(FindError::Page)?;
+        out.extend(entries.iter().filter(|e| e.key_hash == key_hash));
+    }
+    Ok(())
+}
+
+/// Why [`find`] could not answer.
+#[derive(Debug)]
+pub(crate) enum FindError<E> {
+    /// Reading the page failed.
+    Read(E),
+    /// The page is damaged.
+    Page(ColdError),
+}
+
+/// A whole file, every page decoded (for `verify`, the fuzz target and tests; a store
+/// reads pages one at a time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decoded {
+    pub header: Header,
+    pub sections: Sections,
+    pub entries: Vec<ColdEntry>,
+}
+
+/// Decodes and verifies a whole file.
+pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, ColdError> {
+    let header = decode_header(bytes)?;
+    if (bytes.len() as u64) < header.file_len() {
+        return Err(ColdError::Truncated);
+    }
+    if bytes.len() as u64 != header.file_len() {
+        return Err(ColdError::Invalid("cold index file longer than its counts"));
+    }
+    if bytes[HEADER_LEN..PAGE_LEN].iter().any(|&b| b != 0) {
+        return Err(ColdError::Invalid(
+            "cold index header page has bytes past the header",
+        ));
+    }
+    let sections = decode_sections(&header, &bytes[header.sections_offset() as usize..])?;
+    let mut entries = Vec::new();
+    for page in 0..header.page_count {
+        let at = header.page_offset(page) as usize;
+        decode_page(&header, &sections, page, &bytes[at..], &mut entries)?;
+    }
+    Ok(Decoded {
+        header,
+        sections,
+        entries,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(n: usize, seed: u64) -> Vec<ColdEntry> {
+        let mut out: Vec<ColdEntry> = (0..n as u64)
+            .map(|i| ColdEntry {
+                key_hash: xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), seed),
+                segment: (i % 3) as u32,
+                offset: 64 + (i as u32) * 40,
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    const SEGMENTS: [ColdSegment; 3] = [
+        ColdSegment {
+            seq: 7,
+            bucket_deadline_ms: 1_000,
+        },
+        ColdSegment {
+            seq: 8,
+            bucket_deadline_ms: 1_000,
+        },
+        ColdSegment {
+            seq: 12,
+            bucket_deadline_ms: 2_000,
+        },
+    ];
+
+    /// The header and sections, as a store opens a generation (no page read).
+    struct Opened {
+        header: Header,
+        sections: Sections,
+    }
+
+    fn open(bytes: &[u8]) -> Result<Opened, ColdError> {
+        let header = decode_header(bytes)?;
+        if bytes.len() as u64 != header.file_len() {
+            return Err(ColdError::Invalid("length"));
+        }
+        let sections = decode_sections(&header, &bytes[header.sections_offset() as usize..])?;
+        Ok(Opened { header, sections })
+    }
+
+    /// `find` over the file's bytes in memory.
+    fn find_in(bytes: &[u8], opened: &Opened, key_hash: u64) -> Vec<ColdEntry> {
+        let mut found = Vec::new();
+        let read = |page: u32, out: &mut [u8; PAGE_LEN]| -> Result<(), ()> {
+            let at = opened.header.page_offset(page) as usize;
+            out.copy_from_slice(&bytes[at..at + PAGE_LEN]);
+            Ok(())
+        };
+        find(&opened.header, &opened.sections, key_hash, read, &mut found).unwrap();
+        found
+    }
+
+    #[test]
+    fn a_file_round_trips_and_every_key_is_found_through_filter_and_fences() {
+        for n in [1, 254, 255, 256, 1_000, 20_000] {
+            let written = entries(n, 1);
+            let bytes = encode(5, &SEGMENTS, &written, 42);
+            let opened = open(&bytes).unwrap();
+            assert_eq!(opened.header.generation, 5);
+            assert_eq!(opened.header.entry_count, n as u64);
+            assert_eq!(opened.sections.segments, SEGMENTS);
+            let decoded = decode_file(&bytes).unwrap();
+            assert_eq!(decoded.entries, written);
+            assert_eq!(decoded.sections, opened.sections);
+            for entry in &written {
+                assert!(opened.sections.filter.may_contain(entry.key_hash));
+                assert!(
+                    find_in(&bytes, &opened, entry.key_hash).contains(entry),
+                    "{n}: {entry:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn equal_hashes_across_a_page_boundary_are_all_found() {
+        // 300 entries of one hash between others: they span pages 0 and 1 (and the
+        // fence of page 1 equals the hash).
+        let mut written = entries(600, 2);
+        for (i, entry) in written.iter_mut().enumerate().skip(100).take(300) {
+            entry.key_hash = 1 << 40;
+            entry.offset = i as u32;
+        }
+        written.sort();
+        let bytes = encode(1, &SEGMENTS, &written, 0);
+        let opened = open(&bytes).unwrap();
+        let found = find_in(&bytes, &opened, 1 << 40);
+        assert_eq!(found.len(), 300);
+        assert!(found.iter().all(|e| e.key_hash == 1 << 40));
+        assert_eq!(pages_for(&opened.sections.fences, 1 << 40), 0..2);
+        assert_eq!(pages_for(&opened.sections.fences, 0), 0..0);
+    }
+
+    #[test]
+    fn every_flipped_bit_of_the_header_and_sections_is_refused() {
+        let bytes = encode(3, &SEGMENTS, &entries(700, 3), 9);
+        let header = decode_header(&bytes).unwrap();
+        let sections_at = header.sections_offset() as usize;
+        let covered = (0..HEADER_LEN).chain(sections_at..bytes.len());
+        for at in covered {
+            for bit in [0, 3, 7] {
+                let mut damaged = bytes.clone();
+                damaged[at] ^= 1 << bit;
+                assert!(
+                    open(&damaged).is_err(),
+                    "byte {at} bit {bit} went unnoticed"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_flipped_bit_of_a_page_is_refused_when_the_page_is_read() {
+        let bytes = encode(3, &SEGMENTS, &entries(300, 4), 9);
+        let opened = open(&bytes).unwrap();
+        for page in 0..opened.header.page_count {
+            let start = opened.header.page_offset(page) as usize;
+            for at in (start..start + PAGE_LEN).step_by(7) {
+                let mut damaged = bytes.clone();
+                damaged[at] ^= 0x10;
+                let mut out = Vec::new();
+                let result = decode_page(
+                    &opened.header,
+                    &opened.sections,
+                    page,
+                    &damaged[start..],
+                    &mut out,
+                );
+                assert!(result.is_err(), "page {page} byte {at} went unnoticed");
+                assert!(out.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn truncations_and_extensions_are_refused() {
+        let bytes = encode(3, &SEGMENTS, &entries(300, 5), 9);
+        for len in [
+            0,
+            10,
+            HEADER_LEN,
+            PAGE_LEN,
+            bytes.len() - 8,
+            bytes.len() - 1,
+        ] {
+            assert!(open(&bytes[..len]).is_err(), "{len}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(open(&longer).is_err());
+        assert!(decode_file(&longer).is_err());
+        let mut padded = bytes.clone();
+        padded[HEADER_LEN + 1] = 1;
+        assert!(decode_file(&padded).is_err());
+        assert!(decode_file(&bytes).is_ok());
+    }
+
+    #[test]
+    fn a_page_with_a_checksum_that_matches_but_wrong_contents_is_refused() {
+        let written = entries(600, 6);
+        let bytes = encode(3, &SEGMENTS, &written, 9);
+        let opened = open(&bytes).unwrap();
+        type Damage = fn(&mut [ColdEntry]);
+        let cases: [(&str, Damage); 3] = [
+            ("unsorted", |e| e.swap(3, 4)),
+            ("off its fence", |e| e[0].key_hash += 1),
+            ("no such segment", |e| e[5].segment = 3),
+        ];
+        for (what, damage) in cases {
+            let mut page: Vec<ColdEntry> = written[..PAGE_ENTRIES].to_vec();
+            damage(&mut page);
+            let encoded = encode_page(&page);
+            let mut out = Vec::new();
+            assert!(
+                decode_page(&opened.header, &opened.sections, 0, &encoded, &mut out).is_err(),
+                "{what}"
+            );
+        }
+        // A short page where a full one belongs.
+        let encoded = encode_page(&written[..PAGE_ENTRIES - 1]);
+        let mut out = Vec::new();
+        assert!(decode_page(&opened.header, &opened.sections, 0, &encoded, &mut out).is_err());
+    }
+}
