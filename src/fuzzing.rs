@@ -242,8 +242,9 @@ pub fn encode_changelog_message(
 pub struct DecodedColdIndex {
     /// Its generation number.
     pub generation: u64,
-    /// `(segment seq, bucket deadline)` of each segment its entries point into.
-    pub segments: Vec<(u64, u64)>,
+    /// `(segment seq, bucket deadline, covered length)` of each segment its entries
+    /// point into.
+    pub segments: Vec<(u64, u64, u64)>,
     /// `(key hash, segment position, offset)` of each entry, in file order.
     pub entries: Vec<(u64, u32, u32)>,
     /// Whether the file's filter says "may contain" for every entry's key hash.
@@ -263,7 +264,7 @@ pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
             .sections
             .segments
             .iter()
-            .map(|s| (s.seq, s.bucket_deadline_ms))
+            .map(|s| (s.seq, s.bucket_deadline_ms, s.covered_len))
             .collect(),
         entries: decoded
             .entries
@@ -284,19 +285,21 @@ pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
 }
 
 /// Encodes a cold index file (for seeds and tests): `segments` are `(seq, bucket
-/// deadline)`, `entries` `(key hash, segment position, offset)`, sorted here.
+/// deadline, covered length)`, `entries` `(key hash, segment position, offset)`, sorted
+/// here.
 pub fn encode_cold_index(
     generation: u64,
-    segments: &[(u64, u64)],
+    segments: &[(u64, u64, u64)],
     entries: &[(u64, u32, u32)],
     filter_seed: u64,
 ) -> Vec<u8> {
     use crate::format::cold_index::{self, ColdEntry, ColdSegment};
     let segments: Vec<ColdSegment> = segments
         .iter()
-        .map(|&(seq, bucket_deadline_ms)| ColdSegment {
+        .map(|&(seq, bucket_deadline_ms, covered_len)| ColdSegment {
             seq,
             bucket_deadline_ms,
+            covered_len,
         })
         .collect();
     let mut entries: Vec<ColdEntry> = entries

@@ -29,7 +29,8 @@
 //! 4088   8    checksum         xxh3-64 of the page's bytes 0..4088
 //!
 //! then the sections, each followed by an 8-byte xxh3-64 of its bytes:
-//! segment table  segment_count × (segment_seq u64, bucket_deadline u64)
+//! segment table  segment_count × (segment_seq u64, bucket_deadline u64,
+//!                covered_len u64: the segment's length the entries cover)
 //! filter         filter_blocks × 32 bytes (index::filter::BlockFilter)
 //! fences         page_count × u64: the first key hash of each page
 //! ```
@@ -54,7 +55,7 @@ pub(crate) const PAGE_ENTRIES: usize = 255;
 const PAGE_COUNT_OFFSET: usize = PAGE_LEN - 16;
 const PAGE_CHECKSUM_OFFSET: usize = PAGE_LEN - 8;
 const _: () = assert!(PAGE_ENTRIES * ENTRY_LEN <= PAGE_COUNT_OFFSET);
-const SEGMENT_LEN: usize = 16;
+const SEGMENT_LEN: usize = 24;
 const CHECKSUM_LEN: usize = 8;
 
 /// One index entry: where the record of a key with this hash lives.
@@ -71,6 +72,9 @@ pub(crate) struct ColdEntry {
 pub(crate) struct ColdSegment {
     pub seq: u64,
     pub bucket_deadline_ms: u64,
+    /// The segment's records before this offset are covered by the generation (it
+    /// was this long when the entries were taken); an open replays only what follows.
+    pub covered_len: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +170,7 @@ pub(crate) fn encode(
     for segment in segments {
         out.extend_from_slice(&segment.seq.to_le_bytes());
         out.extend_from_slice(&segment.bucket_deadline_ms.to_le_bytes());
+        out.extend_from_slice(&segment.covered_len.to_le_bytes());
     }
     let sum = checksum(&out[start..]);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -303,6 +308,7 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
         .map(|s| ColdSegment {
             seq: read_u64(s, 0),
             bucket_deadline_ms: read_u64(s, 8),
+            covered_len: read_u64(s, 16),
         })
         .collect();
     let filter = BlockFilter::decode(header.filter_seed, filter)
@@ -489,14 +495,17 @@ mod tests {
         ColdSegment {
             seq: 7,
             bucket_deadline_ms: 1_000,
+            covered_len: 4096,
         },
         ColdSegment {
             seq: 8,
             bucket_deadline_ms: 1_000,
+            covered_len: 4096,
         },
         ColdSegment {
             seq: 12,
             bucket_deadline_ms: 2_000,
+            covered_len: 4096,
         },
     ];
 
