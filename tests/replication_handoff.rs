@@ -312,10 +312,16 @@ fn negative_control_without_replication_handoffs_process_orders_twice() {
     }
     assert!(pa.release_partition().is_ok());
     pb.restore_partition().unwrap();
-    let twice = (0..100)
-        .filter(|n| pb.check_and_set_at(format!("o{n}"), *n).unwrap().is_first())
-        .count();
+    let twice = marked_again(&pb, 0..100);
     assert_eq!(twice, 100);
+}
+
+/// How many of the orders `o{n}` for `n` in `orders` the handle marks as first: each
+/// one is an order the new owner would process again.
+fn marked_again(p: &Namespace, orders: impl Iterator<Item = u64>) -> usize {
+    orders
+        .filter(|n| p.check_and_set_at(format!("o{n}"), *n).unwrap().is_first())
+        .count()
 }
 
 fn pair(mode: ReplicationMode) -> (tempfile::TempDir, Arc<MemoryChangelog>, Machine, Machine) {
@@ -867,14 +873,46 @@ fn records_a_store_could_not_ship_go_again_at_its_next_restore() {
     // The next owner has every mark: none is processed twice.
     let pb = b.partition(2);
     pb.restore_partition().unwrap();
-    let twice = (0..300)
-        .filter(|n| pb.check_and_set_at(format!("o{n}"), *n).unwrap().is_first())
-        .count();
+    let twice = marked_again(&pb, 0..300);
     assert_eq!(twice, 0);
     pb.release_partition().unwrap();
     // A clean release leaves nothing to ship again.
     let again = pa.restore_partition().unwrap();
     assert_eq!(again.reshipped, 0, "{again:?}");
+}
+
+#[test]
+fn a_damaged_partitions_file_still_ships_what_the_store_could_not() {
+    let (_root, log, mut a, b) = pair(ReplicationMode::Async);
+    let pa = a.partition(4);
+    pa.restore_partition().unwrap();
+    log.set_down(true);
+    for n in 0..120 {
+        assert!(pa.check_and_set_at(format!("o{n}"), n).unwrap().is_first());
+    }
+    drop(pa);
+    a.close();
+    log.set_down(false);
+    // The file that says partition 4 is due a re-ship is damaged while the store is
+    // closed (a bad sector): the open ignores it, and must not forget the re-ship.
+    let partitions = a.dir.join("PARTITIONS");
+    let mut bytes = std::fs::read(&partitions).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&partitions, &bytes).unwrap();
+    let a = Machine::open(a.dir.clone(), replication(&log, ReplicationMode::Async));
+    let pa = a.partition(4);
+    let restored = pa.restore_partition().unwrap();
+    assert_eq!(
+        restored.from, 0,
+        "the positions went with the file: a cold restore"
+    );
+    assert_eq!(restored.reshipped, 120, "{restored:?}");
+    pa.release_partition().unwrap();
+    let pb = b.partition(4);
+    pb.restore_partition().unwrap();
+    let twice = marked_again(&pb, 0..120);
+    assert_eq!(twice, 0);
 }
 
 #[test]
@@ -944,8 +982,6 @@ fn marks_written_while_opened_without_replication_ship_at_the_next_replicated_re
     pa.release_partition().unwrap();
     let pb = b.partition(5);
     pb.restore_partition().unwrap();
-    let twice = (1..=40)
-        .filter(|n| pb.check_and_set_at(format!("o{n}"), *n).unwrap().is_first())
-        .count();
+    let twice = marked_again(&pb, 1..=40);
     assert_eq!(twice, 0);
 }

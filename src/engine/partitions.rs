@@ -502,7 +502,8 @@ impl Engine {
 
     /// At open: the positions and highest offsets `PARTITIONS` holds. A damaged file
     /// is an error in strict mode; otherwise it is logged and ignored (the next
-    /// restores are cold: slower, never wrong).
+    /// restores are cold: slower, never wrong), and every partition with records in
+    /// the log is due a re-ship (the flags were in the file).
     ///
     /// Positions belong to the subjects of the prefix they were taken under: a store
     /// whose partitions were replicated under one prefix, opened with another, would
@@ -521,7 +522,8 @@ impl Engine {
             Ok(file) => file,
             Err(why) if self.options.strict => return Err(Error::corruption(&path, 0, why)),
             Err(why) => {
-                tracing::error!(path = %path.display(), reason = %why, "ignoring a damaged PARTITIONS file: restores read the changelog from the start");
+                tracing::error!(path = %path.display(), reason = %why, "ignoring a damaged PARTITIONS file: restores read the changelog from the start, and every partition in the log ships its records again");
+                self.reship_partitions_in_log();
                 return Ok(());
             }
         };
@@ -553,6 +555,33 @@ impl Engine {
             state.reship = entry.reship || configured.is_none();
         }
         Ok(())
+    }
+
+    /// After a damaged `PARTITIONS` file: which partitions were due a re-ship is lost,
+    /// so every partition with a live record in the log is due one (its positions are
+    /// lost too: its next restore is cold). A read of the live log, paid only then.
+    fn reship_partitions_in_log(&self) {
+        let mut found: std::collections::BTreeSet<(u32, u32)> = Default::default();
+        let segments: Vec<Arc<Segment>> = self.log.table.read().segments().cloned().collect();
+        for segment in &segments {
+            let bytes = segment.file.read(0, segment.published() as usize);
+            reader::scan(bytes, segment_header::LEN, |_, stored| {
+                if let Some(partition) = stored.placement.partition {
+                    found.insert((stored.namespace_id, partition));
+                }
+            });
+        }
+        let names = self.namespaces.names();
+        for (namespace_id, partition) in found {
+            let Some(name) = names.get(namespace_id as usize) else {
+                continue;
+            };
+            self.replica
+                .slot(name, namespace_id, partition)
+                .state
+                .lock()
+                .reship = true;
+        }
     }
 
     pub(super) fn replication_stats(&self) -> ReplicationStats {
