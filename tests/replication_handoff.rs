@@ -985,3 +985,38 @@ fn marks_written_while_opened_without_replication_ship_at_the_next_replicated_re
     let twice = marked_again(&pb, 1..=40);
     assert_eq!(twice, 0);
 }
+
+#[test]
+fn the_highest_offset_survives_a_crash() {
+    use idemstore::testing::{self, SimVfs};
+    let dir = std::path::Path::new("/sim/store");
+    let open = |vfs: &SimVfs| {
+        let store = testing::open(Store::builder(dir), vfs).unwrap();
+        let p = store
+            .namespace("orders", policy())
+            .unwrap()
+            .partition(3)
+            .unwrap();
+        (store, p)
+    };
+    let mark = |p: &Namespace, offsets: std::ops::Range<u64>| {
+        for n in offsets {
+            assert!(p.check_and_set_at(format!("a{n}"), n).unwrap().is_first());
+        }
+    };
+    let vfs = SimVfs::new();
+    let (store, p) = open(&vfs);
+    mark(&p, 0..10);
+    drop(p);
+    store.close().unwrap();
+    // PARTITIONS now says 9; the next run marks up to 49 and is killed before any
+    // restore, release or close writes the file again.
+    let (store, p) = open(&vfs);
+    mark(&p, 10..50);
+    store.flush().unwrap();
+    let image = vfs.crash_now().process_kill();
+    drop((p, store));
+    let (store, p) = open(&image);
+    assert!(store.stats().records_replayed >= 50);
+    assert_eq!(p.partition_info().unwrap().highest_offset, Some(49));
+}

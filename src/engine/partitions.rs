@@ -512,6 +512,26 @@ impl Engine {
     /// without replication, every partition it knows becomes due a re-ship: what it
     /// writes now does not ship, so its next replicated restore sends it.
     pub(super) fn load_partitions(&self) -> Result<(), Error> {
+        self.load_partitions_file()?;
+        // After a crash the file has each partition's highest offset as of its last
+        // write (a restore, release or close); the replayed records have the rest.
+        let names = self.namespaces.names();
+        let unreplicated = self.replica.config.is_none();
+        for (&(namespace_id, partition), &offset) in &self.recovery.highest_offsets {
+            let Some(name) = names.get(namespace_id as usize) else {
+                continue;
+            };
+            let slot = self.replica.slot(name, namespace_id, partition);
+            let mut state = slot.state.lock();
+            state.highest_offset = Some(state.highest_offset.map_or(offset, |h| h.max(offset)));
+            // As for the partitions the file names: what this open writes does not
+            // ship, so the next replicated restore sends it.
+            state.reship |= unreplicated;
+        }
+        Ok(())
+    }
+
+    fn load_partitions_file(&self) -> Result<(), Error> {
         let path = self.dir.join(crate::layout::PARTITIONS);
         let bytes = match self.log.vfs().read_small(&path) {
             Ok(Some(bytes)) => bytes,

@@ -54,6 +54,10 @@ pub(crate) struct RecoveryReport {
     pub opened_from_checkpoint: bool,
     /// The latest creation time of any segment: the store's clock never reads earlier.
     pub clock_floor_ms: u64,
+    /// The highest source offset of each partition `(namespace id, partition)` among
+    /// the records replayed (empty when opened from the checkpoint, which a clean close
+    /// writes after `PARTITIONS` has every offset).
+    pub highest_offsets: std::collections::HashMap<(u32, u32), u64>,
     pub duration: std::time::Duration,
 }
 
@@ -140,6 +144,10 @@ pub(crate) fn recover(
     for (segment, records) in pending.iter().zip(&surveys) {
         max_lsn = max_lsn.max(records.max_lsn);
         report.records_replayed += records.records;
+        for (&key, &offset) in &records.highest_offsets {
+            let highest = report.highest_offsets.entry(key).or_insert(offset);
+            *highest = (*highest).max(offset);
+        }
         for finding in records.findings(&segment.path, segment.bytes()) {
             if finding.always_refused {
                 return Err(Error::Corruption(finding.damage));

@@ -23,6 +23,7 @@
 //! refused in strict mode), and a torn tail (cut: the segment ends where the valid
 //! records do).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -203,6 +204,9 @@ pub(crate) struct RecordSurvey {
     pub unknown_namespace: Vec<(usize, u32)>,
     /// Damage, where the valid records end and whether a torn tail follows them.
     pub scan: reader::ScanReport,
+    /// The highest source offset of each partition `(namespace id, partition)` among
+    /// them (partition-scoped records that carry one).
+    pub highest_offsets: HashMap<(u32, u32), u64>,
 }
 
 impl RecordSurvey {
@@ -267,6 +271,10 @@ pub(crate) fn scan_records<'a>(
     mut each: impl FnMut(usize, &StoredRecord<'a>),
 ) -> RecordSurvey {
     let mut survey = RecordSurvey::default();
+    // The partition of the last scoped record and its highest offset so far: runs of
+    // one partition's records update no map.
+    let mut run: Option<((u32, u32), u64)> = None;
+    let offsets = &mut survey.highest_offsets;
     survey.scan = reader::scan(bytes, segment_header::LEN, |offset, record| {
         if record.namespace_id as usize >= namespace_count {
             survey.unknown_namespace.push((offset, record.namespace_id));
@@ -274,9 +282,30 @@ pub(crate) fn scan_records<'a>(
         }
         survey.records += 1;
         survey.max_lsn = survey.max_lsn.max(record.lsn);
+        if let (Some(partition), Some(source)) =
+            (record.placement.partition, record.placement.offset)
+        {
+            let key = (record.namespace_id, partition);
+            match &mut run {
+                Some((k, highest)) if *k == key => *highest = (*highest).max(source),
+                _ => {
+                    if let Some((k, highest)) = run.replace((key, source)) {
+                        note_offset(offsets, k, highest);
+                    }
+                }
+            }
+        }
         each(offset, &record);
     });
+    if let Some((k, highest)) = run {
+        note_offset(&mut survey.highest_offsets, k, highest);
+    }
     survey
+}
+
+fn note_offset(offsets: &mut HashMap<(u32, u32), u64>, key: (u32, u32), offset: u64) {
+    let highest = offsets.entry(key).or_insert(offset);
+    *highest = (*highest).max(offset);
 }
 
 #[cfg(test)]
