@@ -17,14 +17,14 @@
 //! - build time per key.
 //!
 //! Candidates: xor-family binary fuse filters (`xorf`, 8- and 16-bit fingerprints:
-//! three random byte reads per probe) and the store's split-block bloom filter
-//! (`src/index/filter.rs`, Parquet's design: a 256-bit block per key, one bit in each
-//! of its 8 words: one cache line per probe), at 10 and 12 bits per key.
+//! three byte reads per probe, near each other) and a split-block bloom filter
+//! (Parquet's design: a 256-bit block per key, one bit in each of its 8 words: one
+//! cache line per probe), at 10 and 12 bits per key. The store uses the 8-bit binary
+//! fuse filter (`src/index/filter.rs`); docs/BENCHMARKS.md has the figures.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use idemstore::testing::BlockFilter;
 use xorf::{BinaryFuse8, BinaryFuse16, Filter};
 
 /// splitmix64: the key hashes (idemstore's key hashes are xxh3: uniform).
@@ -35,10 +35,67 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A split-block bloom filter (Parquet's design): blocks of 8 × 32-bit words; a key
+/// sets one bit in each word of one block, the block chosen by the hash's high half.
+struct SplitBlockBloom {
+    blocks: Vec<[u32; 8]>,
+}
+
+const SALT: [u32; 8] = [
+    0x47b6_137b,
+    0x4497_4d91,
+    0x8824_ad5b,
+    0xa2b7_289d,
+    0x7054_95c7,
+    0x2df1_424b,
+    0x9efc_4947,
+    0x5c6b_fb31,
+];
+
+impl SplitBlockBloom {
+    fn new(keys: usize, bits_per_key: usize) -> SplitBlockBloom {
+        let blocks = (keys * bits_per_key).div_ceil(256).max(1);
+        SplitBlockBloom {
+            blocks: vec![[0; 8]; blocks],
+        }
+    }
+
+    #[inline]
+    fn block(&self, hash: u64) -> usize {
+        (((hash >> 32) * self.blocks.len() as u64) >> 32) as usize
+    }
+
+    #[inline]
+    fn masks(hash: u64) -> [u32; 8] {
+        let low = hash as u32;
+        std::array::from_fn(|i| 1u32 << (low.wrapping_mul(SALT[i]) >> 27))
+    }
+
+    fn insert(&mut self, hash: u64) {
+        let at = self.block(hash);
+        for (word, mask) in self.blocks[at].iter_mut().zip(Self::masks(hash)) {
+            *word |= mask;
+        }
+    }
+
+    #[inline]
+    fn may_contain(&self, hash: u64) -> bool {
+        let block = &self.blocks[self.block(hash)];
+        block
+            .iter()
+            .zip(Self::masks(hash))
+            .all(|(word, mask)| word & mask != 0)
+    }
+
+    fn bytes(&self) -> usize {
+        self.blocks.len() * 32
+    }
+}
+
 enum Candidate {
     Fuse8(Vec<BinaryFuse8>),
     Fuse16(Vec<BinaryFuse16>),
-    Bloom(usize, Vec<BlockFilter>),
+    Bloom(usize, Vec<(SplitBlockBloom, u64)>),
 }
 
 impl Candidate {
@@ -54,7 +111,7 @@ impl Candidate {
         match self {
             Candidate::Fuse8(f) => f.iter().map(|f| f.fingerprints.len() + 20).sum(),
             Candidate::Fuse16(f) => f.iter().map(|f| f.fingerprints.len() * 2 + 20).sum(),
-            Candidate::Bloom(_, f) => f.iter().map(BlockFilter::bytes).sum(),
+            Candidate::Bloom(_, f) => f.iter().map(|(f, _)| f.bytes()).sum(),
         }
     }
 
@@ -71,7 +128,7 @@ impl Candidate {
         match self {
             Candidate::Fuse8(f) => f[generation].contains(&hash),
             Candidate::Fuse16(f) => f[generation].contains(&hash),
-            Candidate::Bloom(_, f) => f[generation].may_contain(hash),
+            Candidate::Bloom(_, f) => f[generation].0.may_contain(mix(hash ^ f[generation].1)),
         }
     }
 
@@ -174,11 +231,12 @@ fn bloom(
         bits,
         (0..generations)
             .map(|g| {
-                let mut filter = BlockFilter::with_bits_per_key(per, bits, g as u64);
+                // Seeded per generation, so false positives are independent.
+                let (mut filter, seed) = (SplitBlockBloom::new(per, bits), g as u64);
                 for i in 0..per {
-                    filter.insert(hash(g, i));
+                    filter.insert(mix(hash(g, i) ^ seed));
                 }
-                filter
+                (filter, seed)
             })
             .collect(),
     )

@@ -279,7 +279,6 @@ pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
             decoded.header.generation,
             &decoded.sections.segments,
             &decoded.entries,
-            decoded.header.filter_seed,
         ),
     })
 }
@@ -291,7 +290,6 @@ pub fn encode_cold_index(
     generation: u64,
     segments: &[(u64, u64, u64)],
     entries: &[(u64, u32, u32)],
-    filter_seed: u64,
 ) -> Vec<u8> {
     use crate::format::cold_index::{self, ColdEntry, ColdSegment};
     let segments: Vec<ColdSegment> = segments
@@ -311,5 +309,5 @@ pub fn encode_cold_index(
         })
         .collect();
     entries.sort();
-    cold_index::encode(generation, &segments, &entries, filter_seed)
+    cold_index::encode(generation, &segments, &entries)
 }

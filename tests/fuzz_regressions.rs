@@ -160,7 +160,6 @@ fn cold_index_seed() -> Vec<u8> {
             (12, 1_700_000_120_000, 4_096),
         ],
         &entries,
-        0x5eed,
     )
 }
 

@@ -13,9 +13,10 @@
 //! 24     4    segment_count  entries of the segment table (1 or more)
 //! 28     4    page_count     entry pages (1 or more)
 //! 32     8    entry_count    entries in all pages
-//! 40     4    filter_blocks  32-byte blocks of the filter
-//! 44     4    reserved       zero
-//! 48     8    filter_seed    the seed of the filter's hash
+//! 40     4    filter_len     bytes of the filter section (0: no filter)
+//! 44     1    filter_kind    0 none (every lookup reads pages), 1 binary fuse 8
+//! 45     3    reserved       zero
+//! 48     8    reserved       zero
 //! 56     8    checksum       xxh3-64 of bytes 0..56
 //!
 //! pages 1..=page_count, 4096 bytes each: the entries sorted by key hash
@@ -31,7 +32,9 @@
 //! then the sections, each followed by an 8-byte xxh3-64 of its bytes:
 //! segment table  segment_count × (segment_seq u64, bucket_deadline u64,
 //!                covered_len u64: the segment's length the entries cover)
-//! filter         filter_blocks × 32 bytes (index::filter::BlockFilter)
+//! filter         filter_len bytes (index::filter::ColdFilter): u64 seed,
+//!                u32 segment_length, u32 mask, u32 segment_count_length, then
+//!                the 8-bit fingerprints
 //! fences         page_count × u64: the first key hash of each page
 //! ```
 //!
@@ -42,7 +45,7 @@
 //! checksummed count, and never panics, whatever the bytes.
 
 use super::{read_u32, read_u64};
-use crate::index::filter::{BLOCK_LEN, BlockFilter};
+use crate::index::filter::ColdFilter;
 
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMCOLD";
 pub(crate) const VERSION: u32 = 1;
@@ -83,8 +86,8 @@ pub(crate) struct Header {
     pub segment_count: u32,
     pub page_count: u32,
     pub entry_count: u64,
-    pub filter_blocks: u32,
-    pub filter_seed: u64,
+    pub filter_len: u32,
+    pub filter_kind: u8,
 }
 
 impl Header {
@@ -95,7 +98,7 @@ impl Header {
 
     fn sections_len(&self) -> u64 {
         u64::from(self.segment_count) * SEGMENT_LEN as u64
-            + u64::from(self.filter_blocks) * BLOCK_LEN as u64
+            + u64::from(self.filter_len)
             + u64::from(self.page_count) * 8
             + 3 * CHECKSUM_LEN as u64
     }
@@ -134,12 +137,7 @@ fn checksum(bytes: &[u8]) -> u64 {
 
 /// Encodes a whole file. `entries` must be sorted by key hash (then anything), every
 /// `segment` a position in `segments`; neither may be empty.
-pub(crate) fn encode(
-    generation: u64,
-    segments: &[ColdSegment],
-    entries: &[ColdEntry],
-    filter_seed: u64,
-) -> Vec<u8> {
+pub(crate) fn encode(generation: u64, segments: &[ColdSegment], entries: &[ColdEntry]) -> Vec<u8> {
     assert!(!segments.is_empty() && !entries.is_empty());
     debug_assert!(entries.windows(2).all(|w| w[0].key_hash <= w[1].key_hash));
     debug_assert!(
@@ -148,17 +146,15 @@ pub(crate) fn encode(
             .all(|e| (e.segment as usize) < segments.len())
     );
     let pages: Vec<&[ColdEntry]> = entries.chunks(PAGE_ENTRIES).collect();
-    let mut filter = BlockFilter::with_capacity(entries.len(), filter_seed);
-    for entry in entries {
-        filter.insert(entry.key_hash);
-    }
+    let hashes: Vec<u64> = entries.iter().map(|e| e.key_hash).collect();
+    let filter = ColdFilter::build(&hashes);
     let header = Header {
         generation,
         segment_count: u32::try_from(segments.len()).expect("segments fit u32"),
         page_count: u32::try_from(pages.len()).expect("pages fit u32"),
         entry_count: entries.len() as u64,
-        filter_blocks: u32::try_from(filter.block_count()).expect("blocks fit u32"),
-        filter_seed,
+        filter_len: u32::try_from(filter.bytes()).expect("a filter fits u32"),
+        filter_kind: filter.kind(),
     };
     let mut out = Vec::with_capacity(header.file_len() as usize);
     out.extend_from_slice(&encode_header(&header));
@@ -197,8 +193,8 @@ pub(crate) fn encode_header(header: &Header) -> [u8; HEADER_LEN] {
     out[24..28].copy_from_slice(&header.segment_count.to_le_bytes());
     out[28..32].copy_from_slice(&header.page_count.to_le_bytes());
     out[32..40].copy_from_slice(&header.entry_count.to_le_bytes());
-    out[40..44].copy_from_slice(&header.filter_blocks.to_le_bytes());
-    out[48..56].copy_from_slice(&header.filter_seed.to_le_bytes());
+    out[40..44].copy_from_slice(&header.filter_len.to_le_bytes());
+    out[44] = header.filter_kind;
     let sum = checksum(&out[..56]);
     out[56..64].copy_from_slice(&sum.to_le_bytes());
     out
@@ -235,7 +231,8 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
     if read_u32(bytes, 8) != VERSION {
         return Err(ColdError::Invalid("unsupported cold index version"));
     }
-    if read_u32(bytes, 12) as usize != HEADER_LEN || read_u32(bytes, 44) != 0 {
+    let reserved_zero = bytes[45..48].iter().all(|&b| b == 0) && read_u64(bytes, 48) == 0;
+    if read_u32(bytes, 12) as usize != HEADER_LEN || !reserved_zero {
         return Err(ColdError::Invalid("cold index header fields out of range"));
     }
     let header = Header {
@@ -243,23 +240,13 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
         segment_count: read_u32(bytes, 24),
         page_count: read_u32(bytes, 28),
         entry_count: read_u64(bytes, 32),
-        filter_blocks: read_u32(bytes, 40),
-        filter_seed: read_u64(bytes, 48),
+        filter_len: read_u32(bytes, 40),
+        filter_kind: bytes[44],
     };
     let pages = u64::from(header.page_count);
     let full_pages = header.entry_count.div_ceil(PAGE_ENTRIES as u64);
     if header.segment_count == 0 || header.page_count == 0 || full_pages != pages {
         return Err(ColdError::Invalid("cold index counts disagree"));
-    }
-    // The filter is sized by the entry count, so a damaged count cannot make the
-    // filter, or an allocation made from it, arbitrary.
-    let expected_blocks = usize::try_from(header.entry_count)
-        .ok()
-        .map(BlockFilter::blocks_for);
-    if expected_blocks != Some(header.filter_blocks as usize) {
-        return Err(ColdError::Invalid(
-            "cold index filter size disagrees with its entries",
-        ));
     }
     Ok(header)
 }
@@ -268,7 +255,7 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sections {
     pub segments: Vec<ColdSegment>,
-    pub filter: BlockFilter,
+    pub filter: ColdFilter,
     /// The first key hash of each page.
     pub fences: Vec<u64>,
 }
@@ -296,7 +283,7 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
         "cold index segment table checksum mismatch",
     )?;
     let filter = section(
-        header.filter_blocks as usize * BLOCK_LEN,
+        header.filter_len as usize,
         "cold index filter checksum mismatch",
     )?;
     let fences = section(
@@ -311,8 +298,9 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
             covered_len: read_u64(s, 16),
         })
         .collect();
-    let filter = BlockFilter::decode(header.filter_seed, filter)
-        .ok_or(ColdError::Invalid("cold index filter has no blocks"))?;
+    let filter = ColdFilter::decode(header.filter_kind, filter).ok_or(ColdError::Invalid(
+        "cold index filter does not fit its fingerprints",
+    ))?;
     let fences: Vec<u64> = fences.chunks_exact(8).map(|f| read_u64(f, 0)).collect();
     if fences.windows(2).any(|w| w[0] > w[1]) {
         return Err(ColdError::Invalid("cold index fences out of order"));
@@ -540,7 +528,7 @@ mod tests {
     fn a_file_round_trips_and_every_key_is_found_through_filter_and_fences() {
         for n in [1, 254, 255, 256, 1_000, 20_000] {
             let written = entries(n, 1);
-            let bytes = encode(5, &SEGMENTS, &written, 42);
+            let bytes = encode(5, &SEGMENTS, &written);
             let opened = open(&bytes).unwrap();
             assert_eq!(opened.header.generation, 5);
             assert_eq!(opened.header.entry_count, n as u64);
@@ -568,7 +556,7 @@ mod tests {
             entry.offset = i as u32;
         }
         written.sort();
-        let bytes = encode(1, &SEGMENTS, &written, 0);
+        let bytes = encode(1, &SEGMENTS, &written);
         let opened = open(&bytes).unwrap();
         let found = find_in(&bytes, &opened, 1 << 40);
         assert_eq!(found.len(), 300);
@@ -579,7 +567,7 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_of_the_header_and_sections_is_refused() {
-        let bytes = encode(3, &SEGMENTS, &entries(700, 3), 9);
+        let bytes = encode(3, &SEGMENTS, &entries(700, 3));
         let header = decode_header(&bytes).unwrap();
         let sections_at = header.sections_offset() as usize;
         let covered = (0..HEADER_LEN).chain(sections_at..bytes.len());
@@ -597,7 +585,7 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_of_a_page_is_refused_when_the_page_is_read() {
-        let bytes = encode(3, &SEGMENTS, &entries(300, 4), 9);
+        let bytes = encode(3, &SEGMENTS, &entries(300, 4));
         let opened = open(&bytes).unwrap();
         for page in 0..opened.header.page_count {
             let start = opened.header.page_offset(page) as usize;
@@ -620,7 +608,7 @@ mod tests {
 
     #[test]
     fn truncations_and_extensions_are_refused() {
-        let bytes = encode(3, &SEGMENTS, &entries(300, 5), 9);
+        let bytes = encode(3, &SEGMENTS, &entries(300, 5));
         for len in [
             0,
             10,
@@ -644,7 +632,7 @@ mod tests {
     #[test]
     fn a_page_with_a_checksum_that_matches_but_wrong_contents_is_refused() {
         let written = entries(600, 6);
-        let bytes = encode(3, &SEGMENTS, &written, 9);
+        let bytes = encode(3, &SEGMENTS, &written);
         let opened = open(&bytes).unwrap();
         type Damage = fn(&mut [ColdEntry]);
         let cases: [(&str, Damage); 3] = [

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 pub mod model;
 
-pub use crate::index::filter::BlockFilter;
 use crate::io::Vfs;
 pub use crate::io::sim::{CallKind, Damage, FaultHit, SECTOR_BYTES, SimVfs, Snapshot};
 use crate::recovery::survey::{self, NamespaceFile};
