@@ -51,6 +51,19 @@ const CRASHES: &[(&str, &str, &str)] = &[
          records (a key read absent came back as seen); src/recovery.rs now refuses the \
          open with `Error::Corruption` when a record names an unknown namespace id",
     ),
+    (
+        "cold_index",
+        "crash-filter-forged-checksum",
+        "a cold index file whose filter section differs from the filter its entries make, \
+         its checksum made valid by libFuzzer's comparison tracing: it decoded, and the \
+         re-encoding (which builds the filter from the entries) differed; decode_file now \
+         rebuilds the filter and refuses one that is not the entries' own",
+    ),
+    (
+        "cold_index",
+        "crash-filter-forged-checksum-2",
+        "the same root cause as crash-filter-forged-checksum, another forged filter",
+    ),
 ];
 
 fn inputs(target: &str) -> Vec<PathBuf> {

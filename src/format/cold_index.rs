@@ -427,8 +427,9 @@ pub(crate) enum FindError<E> {
     Page(ColdError),
 }
 
-/// A whole file, every page decoded (for `verify`, the fuzz target and tests; a store
-/// reads pages one at a time).
+/// A whole file, every page decoded and the filter rebuilt from the entries and
+/// compared (for `verify`, the fuzz target and tests; a store reads pages one at a
+/// time and trusts the filter's checksum).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Decoded {
     pub header: Header,
@@ -455,6 +456,14 @@ pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, ColdError> {
     for page in 0..header.page_count {
         let at = header.page_offset(page) as usize;
         decode_page(&header, &sections, page, &bytes[at..], &mut entries)?;
+    }
+    // The filter must be the one the entries make: a filter that misses an entry is a
+    // wrong answer (a duplicate taken for a fresh key), whatever its checksum says.
+    let hashes: Vec<u64> = entries.iter().map(|e| e.key_hash).collect();
+    if ColdFilter::build(&hashes) != sections.filter {
+        return Err(ColdError::Invalid(
+            "cold index filter is not its entries' filter",
+        ));
     }
     Ok(Decoded {
         header,
@@ -627,6 +636,25 @@ mod tests {
         padded[HEADER_LEN + 1] = 1;
         assert!(decode_file(&padded).is_err());
         assert!(decode_file(&bytes).is_ok());
+    }
+
+    #[test]
+    fn a_filter_with_a_valid_checksum_that_is_not_the_entries_is_refused_by_a_whole_decode() {
+        let written = entries(2_000, 7);
+        let mut bytes = encode(3, &SEGMENTS, &written);
+        let header = decode_header(&bytes).unwrap();
+        // The filter section follows the segment table and its checksum.
+        let start = header.sections_offset() as usize + SEGMENTS.len() * SEGMENT_LEN + 8;
+        let end = start + header.filter_len as usize;
+        bytes[end - 1] ^= 0x5a;
+        let sum = checksum(&bytes[start..end]);
+        bytes[end..end + 8].copy_from_slice(&sum.to_le_bytes());
+        // The open path trusts the checksum; the whole decode (verify) does not.
+        assert!(open(&bytes).is_ok());
+        assert_eq!(
+            decode_file(&bytes).unwrap_err(),
+            ColdError::Invalid("cold index filter is not its entries' filter")
+        );
     }
 
     #[test]
