@@ -20,7 +20,7 @@
 //! three byte reads per probe, near each other) and a split-block bloom filter
 //! (Parquet's design: a 256-bit block per key, one bit in each of its 8 words: one
 //! cache line per probe), at 10 and 12 bits per key. The store uses the 8-bit binary
-//! fuse filter (`src/index/filter.rs`); docs/BENCHMARKS.md has the figures.
+//! fuse filter (`src/format/cold_index/filter.rs`); docs/BENCHMARKS.md has the figures.
 
 use std::hint::black_box;
 use std::time::Instant;

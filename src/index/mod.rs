@@ -3,9 +3,6 @@
 //! key against the record, so colliding hashes can never produce a false duplicate.
 
 mod alloc;
-// The cold tier's filter (issue 11): used by the cold index codec; not yet by the engine.
-#[allow(dead_code)]
-pub(crate) mod filter;
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;

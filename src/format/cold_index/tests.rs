@@ -1,0 +1,211 @@
+//! The cold index codec's tests.
+
+use super::*;
+
+fn entries(n: usize, seed: u64) -> Vec<ColdEntry> {
+    let mut out: Vec<ColdEntry> = (0..n as u64)
+        .map(|i| ColdEntry {
+            key_hash: xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), seed),
+            segment: (i % 3) as u32,
+            offset: 64 + (i as u32) * 40,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+const SEGMENTS: [ColdSegment; 3] = [
+    ColdSegment {
+        seq: 7,
+        bucket_deadline_ms: 1_000,
+        covered_len: 4096,
+    },
+    ColdSegment {
+        seq: 8,
+        bucket_deadline_ms: 1_000,
+        covered_len: 4096,
+    },
+    ColdSegment {
+        seq: 12,
+        bucket_deadline_ms: 2_000,
+        covered_len: 4096,
+    },
+];
+
+/// The header and sections, as a store opens a generation (no page read).
+struct Opened {
+    header: Header,
+    sections: Sections,
+}
+
+fn open(bytes: &[u8]) -> Result<Opened, ColdError> {
+    let header = decode_header(bytes)?;
+    if bytes.len() as u64 != header.file_len() {
+        return Err(ColdError::Invalid("length"));
+    }
+    let sections = decode_sections(&header, &bytes[header.sections_offset() as usize..])?;
+    Ok(Opened { header, sections })
+}
+
+/// `find` over the file's bytes in memory.
+fn find_in(bytes: &[u8], opened: &Opened, key_hash: u64) -> Vec<ColdEntry> {
+    let mut found = Vec::new();
+    let read = |page: u32, out: &mut [u8; PAGE_LEN]| -> Result<(), ()> {
+        let at = opened.header.page_offset(page) as usize;
+        out.copy_from_slice(&bytes[at..at + PAGE_LEN]);
+        Ok(())
+    };
+    find(&opened.header, &opened.sections, key_hash, read, &mut found).unwrap();
+    found
+}
+
+#[test]
+fn a_file_round_trips_and_every_key_is_found_through_filter_and_fences() {
+    for n in [1, 254, 255, 256, 1_000, 20_000] {
+        let written = entries(n, 1);
+        let bytes = encode(5, &SEGMENTS, &written);
+        let opened = open(&bytes).unwrap();
+        assert_eq!(opened.header.generation, 5);
+        assert_eq!(opened.header.entry_count, n as u64);
+        assert_eq!(opened.sections.segments, SEGMENTS);
+        let decoded = decode_file(&bytes).unwrap();
+        assert_eq!(decoded.entries, written);
+        assert_eq!(decoded.sections, opened.sections);
+        for entry in &written {
+            assert!(opened.sections.filter.may_contain(entry.key_hash));
+            assert!(
+                find_in(&bytes, &opened, entry.key_hash).contains(entry),
+                "{n}: {entry:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn equal_hashes_across_a_page_boundary_are_all_found() {
+    // 300 entries of one hash between others: they span pages 0 and 1 (and the
+    // fence of page 1 equals the hash).
+    let mut written = entries(600, 2);
+    for (i, entry) in written.iter_mut().enumerate().skip(100).take(300) {
+        entry.key_hash = 1 << 40;
+        entry.offset = i as u32;
+    }
+    written.sort();
+    let bytes = encode(1, &SEGMENTS, &written);
+    let opened = open(&bytes).unwrap();
+    let found = find_in(&bytes, &opened, 1 << 40);
+    assert_eq!(found.len(), 300);
+    assert!(found.iter().all(|e| e.key_hash == 1 << 40));
+    assert_eq!(pages_for(&opened.sections.fences, 1 << 40), 0..2);
+    assert_eq!(pages_for(&opened.sections.fences, 0), 0..0);
+}
+
+#[test]
+fn every_flipped_bit_of_the_header_and_sections_is_refused() {
+    let bytes = encode(3, &SEGMENTS, &entries(700, 3));
+    let header = decode_header(&bytes).unwrap();
+    let sections_at = header.sections_offset() as usize;
+    let covered = (0..HEADER_LEN).chain(sections_at..bytes.len());
+    for at in covered {
+        for bit in [0, 3, 7] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 1 << bit;
+            assert!(
+                open(&damaged).is_err(),
+                "byte {at} bit {bit} went unnoticed"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_flipped_bit_of_a_page_is_refused_when_the_page_is_read() {
+    let bytes = encode(3, &SEGMENTS, &entries(300, 4));
+    let opened = open(&bytes).unwrap();
+    for page in 0..opened.header.page_count {
+        let start = opened.header.page_offset(page) as usize;
+        for at in (start..start + PAGE_LEN).step_by(7) {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x10;
+            let mut out = Vec::new();
+            let result = decode_page(
+                &opened.header,
+                &opened.sections,
+                page,
+                &damaged[start..],
+                &mut out,
+            );
+            assert!(result.is_err(), "page {page} byte {at} went unnoticed");
+            assert!(out.is_empty());
+        }
+    }
+}
+
+#[test]
+fn truncations_and_extensions_are_refused() {
+    let bytes = encode(3, &SEGMENTS, &entries(300, 5));
+    for len in [
+        0,
+        10,
+        HEADER_LEN,
+        PAGE_LEN,
+        bytes.len() - 8,
+        bytes.len() - 1,
+    ] {
+        assert!(open(&bytes[..len]).is_err(), "{len}");
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(open(&longer).is_err());
+    assert!(decode_file(&longer).is_err());
+    let mut padded = bytes.clone();
+    padded[HEADER_LEN + 1] = 1;
+    assert!(decode_file(&padded).is_err());
+    assert!(decode_file(&bytes).is_ok());
+}
+
+#[test]
+fn a_filter_with_a_valid_checksum_that_is_not_the_entries_is_refused_by_a_whole_decode() {
+    let written = entries(2_000, 7);
+    let mut bytes = encode(3, &SEGMENTS, &written);
+    let header = decode_header(&bytes).unwrap();
+    // The filter section follows the segment table and its checksum.
+    let start = header.sections_offset() as usize + SEGMENTS.len() * SEGMENT_LEN + 8;
+    let end = start + header.filter_len as usize;
+    bytes[end - 1] ^= 0x5a;
+    let sum = checksum(&bytes[start..end]);
+    bytes[end..end + 8].copy_from_slice(&sum.to_le_bytes());
+    // The open path trusts the checksum; the whole decode (verify) does not.
+    assert!(open(&bytes).is_ok());
+    assert_eq!(
+        decode_file(&bytes).unwrap_err(),
+        ColdError::Invalid("cold index filter is not its entries' filter")
+    );
+}
+
+#[test]
+fn a_page_with_a_checksum_that_matches_but_wrong_contents_is_refused() {
+    let written = entries(600, 6);
+    let bytes = encode(3, &SEGMENTS, &written);
+    let opened = open(&bytes).unwrap();
+    type Damage = fn(&mut [ColdEntry]);
+    let cases: [(&str, Damage); 3] = [
+        ("unsorted", |e| e.swap(3, 4)),
+        ("off its fence", |e| e[0].key_hash += 1),
+        ("no such segment", |e| e[5].segment = 3),
+    ];
+    for (what, damage) in cases {
+        let mut page: Vec<ColdEntry> = written[..PAGE_ENTRIES].to_vec();
+        damage(&mut page);
+        let encoded = encode_page(&page);
+        let mut out = Vec::new();
+        assert!(
+            decode_page(&opened.header, &opened.sections, 0, &encoded, &mut out).is_err(),
+            "{what}"
+        );
+    }
+    // A short page where a full one belongs.
+    let encoded = encode_page(&written[..PAGE_ENTRIES - 1]);
+    let mut out = Vec::new();
+    assert!(decode_page(&opened.header, &opened.sections, 0, &encoded, &mut out).is_err());
+}
