@@ -319,23 +319,21 @@ impl Segment {
     }
 
     /// The verified record at `offset`; an error if it fails its checksum.
+    ///
+    /// One slice of the published log, up to the longest record a segment can hold,
+    /// and one decode: the decoder checks the record's own length against the slice
+    /// (the header is decoded once, not once here and again in the decoder).
     pub(crate) fn read(&self, offset: u32) -> Result<StoredRecord<'_>, &'static str> {
         let published = self.published();
         let offset = u64::from(offset);
         if offset + record::HEADER_LEN as u64 > published {
             return Err("record offset beyond the published log");
         }
-        let header_bytes = self.file.read(offset, record::HEADER_LEN);
-        let header =
-            record::Header::decode(header_bytes).map_err(|_| "record header is damaged")?;
-        let len = header.record_len() as u64;
-        if offset + len > published {
-            return Err("record runs past the published log");
-        }
-        let bytes = self.file.read(offset, len as usize);
-        match record::decode(bytes) {
+        let available = (published - offset).min(record::RECORD_LEN_MAX as u64) as usize;
+        match record::decode(self.file.read(offset, available)) {
             Ok((record, _)) => Ok(record),
-            Err(_) => Err("record failed its checksum"),
+            Err(record::DecodeError::Truncated) => Err("record runs past the published log"),
+            Err(record::DecodeError::Invalid(reason)) => Err(reason),
         }
     }
 
