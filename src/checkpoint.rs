@@ -158,20 +158,7 @@ pub(crate) fn write(
     let temp = dir.join(crate::layout::CHECKPOINT_TEMP);
     let path = dir.join(crate::layout::CHECKPOINT);
     const OP: &str = "writing the index checkpoint (the log itself is closed cleanly; the next open replays it):";
-    let written = (|| -> Result<(), (std::io::Error, &Path)> {
-        let file = vfs.open_append(&temp).map_err(|e| (e, temp.as_path()))?;
-        file.set_len(0).map_err(|e| (e, temp.as_path()))?;
-        file.write_at(0, &bytes).map_err(|e| (e, temp.as_path()))?;
-        if sync {
-            file.sync_data().map_err(|e| (e, temp.as_path()))?;
-        }
-        drop(file);
-        vfs.rename(&temp, &path).map_err(|e| (e, path.as_path()))?;
-        if sync {
-            vfs.sync_dir(dir).map_err(|e| (e, dir))?;
-        }
-        Ok(())
-    })();
+    let written = crate::io::replace_file(vfs, dir, &temp, &path, &bytes, sync);
     if let Err((e, at)) = written {
         let _ = vfs.remove(&temp);
         let _ = vfs.remove(&path);

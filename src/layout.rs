@@ -35,6 +35,23 @@ pub(crate) fn parse_segment_file_name(name: &str) -> Option<(u64, u64)> {
     Some((hex(deadline)?, hex(seq)?))
 }
 
+/// The file name of a cold index generation: `<generation, 16 hex>.cold`; while it is
+/// written, the same with `.tmp` after it.
+pub(crate) fn cold_file_name(generation: u64) -> String {
+    format!("{generation:016x}.cold")
+}
+
+/// A cold index generation file or its temp file (`cold_file_name`).
+pub(crate) fn is_cold_file(name: &str) -> bool {
+    let stem = name.strip_suffix(".tmp").unwrap_or(name);
+    stem.strip_suffix(".cold").is_some_and(|hex| {
+        hex.len() == 16
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// `CHECKPOINT` or its temp file.
 pub(crate) fn is_checkpoint_file(name: &str) -> bool {
     name == CHECKPOINT || name == CHECKPOINT_TEMP
@@ -47,6 +64,7 @@ pub(crate) fn is_known_file(name: &str) -> bool {
         || name == PARTITIONS
         || name == PARTITIONS_TEMP
         || is_checkpoint_file(name)
+        || is_cold_file(name)
         || parse_segment_file_name(name).is_some()
 }
 
@@ -83,6 +101,9 @@ mod tests {
             assert!(is_known_file(name), "{name}");
         }
         assert!(is_known_file(&segment_file_name(1, 2)));
+        assert!(is_known_file(&cold_file_name(7)));
+        assert!(is_known_file(&format!("{}.tmp", cold_file_name(7))));
+        assert!(!is_known_file("0000000000000007.cold.old"));
         assert!(!is_known_file("notes.txt"));
     }
 }

@@ -36,6 +36,7 @@ mod answer;
 mod check;
 mod checkpoint;
 mod clock;
+mod cold;
 mod durable;
 mod engine;
 mod error;
@@ -78,7 +79,7 @@ pub use operations::{LATENCY_SAMPLE_EVERY, LatencyHistogram, OperationStats};
 pub use options::Durability;
 pub use policy::Policy;
 pub use replication::{Replication, ReplicationMode};
-pub use stats::{ReplicationStats, Stats};
+pub use stats::{ColdTierStats, ReplicationStats, Stats};
 pub use store::{Store, StoreBuilder};
 
 /// Entry points for the fuzz targets in `fuzz/` (feature `testing`; not a supported

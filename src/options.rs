@@ -41,6 +41,9 @@ pub(crate) struct Options {
     pub read_only: bool,
     pub clock: Arc<dyn Clock>,
     pub replication: Option<crate::replication::replica::Replication>,
+    /// Bytes of RAM the index may hold before the oldest buckets' entries move to
+    /// the cold tier (`None`: no limit, everything stays in RAM).
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for Options {
@@ -57,6 +60,7 @@ impl Default for Options {
             read_only: false,
             clock: Arc::new(SystemClock),
             replication: None,
+            memory_budget: None,
         }
     }
 }
@@ -114,6 +118,11 @@ impl Options {
                 limits::SEGMENT_SIZE_BYTES_MIN,
                 limits::SEGMENT_SIZE_BYTES_MAX
             )));
+        }
+        if self.memory_budget == Some(0) {
+            return Err(Error::invalid_option(
+                "memory_budget of 0 bytes: give at least 1 byte, or no budget for an index kept wholly in RAM",
+            ));
         }
         if let Some(replication) = &self.replication {
             if self.read_only {

@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 7] = [
+pub const PLANTED_BUGS: [&str; 9] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -24,6 +24,10 @@ pub const PLANTED_BUGS: [&str; 7] = [
     "zombie-catches-up",
     // replication: a Sync write answers before its record is stored by the cluster.
     "sync-acks-before-ship",
+    // cold tier: a key missing from the hot table is not looked up in the generations.
+    "cold-lookup-skipped",
+    // cold tier: a write that shadows a cold entry leaves that entry's state counted.
+    "cold-shadow-uncounted",
 ];
 
 /// Whether the planted bug `name` is switched on (always false without the feature).

@@ -67,6 +67,30 @@ pub struct Stats {
     pub expiry_lag: Duration,
     /// Replication of partition-scoped namespaces (all zero when not replicated).
     pub replication: ReplicationStats,
+    /// The cold tier: index entries moved to disk under a `memory_budget` (all zero
+    /// without one). `index_bytes` counts the hot tables only.
+    pub cold: ColdTierStats,
+}
+
+/// What the cold tier holds and did (`Stats::cold`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ColdTierStats {
+    /// Generation files open now (at most 8 after each reaper round).
+    pub generations: u64,
+    /// Index entries in them (keys since rewritten, whose newer entry is hot or in a
+    /// newer generation, included until a merge or expiry drops them).
+    pub entries: u64,
+    /// RAM the generations keep: filters, page fences, segment tables.
+    pub ram_bytes: u64,
+    /// Bytes of generation files on disk.
+    pub disk_bytes: u64,
+    /// Buckets spilled since open.
+    pub spills: u64,
+    /// Generations merged since open.
+    pub merges: u64,
+    /// Index entries moved out of the hot tables since open.
+    pub spilled_keys: u64,
 }
 
 /// What replication did and holds (`Stats::replication`).

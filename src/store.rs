@@ -112,6 +112,20 @@ impl StoreBuilder {
         self
     }
 
+    /// Bytes of RAM the index may use (default: no limit). While the hot index fits,
+    /// nothing changes; beyond it, the background reaper moves the index entries of
+    /// the oldest buckets to immutable cold index files on disk, each fronted in RAM by
+    /// a binary fuse filter and its page fences (about 1.2 bytes per cold key). Lookups
+    /// stay exact: a filter hit reads one page and the record, and the key's bytes are
+    /// compared (docs/ARCHITECTURE.md, "The cold tier"). The budget is checked each
+    /// reaper round (every `bucket_width / 4`, 10 ms to 1 s), so the index can exceed
+    /// it by what one round writes. A reopened store rebuilds its index from the log,
+    /// then spills again.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.options.memory_budget = Some(bytes);
+        self
+    }
+
     /// Where time comes from (default the system clock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.options.clock = Arc::new(clock);

@@ -14,6 +14,7 @@ impl Engine {
             return Ok(());
         }
         self.expiry.stop();
+        self.cold.stop();
         // Shipping stops first: what is queued stays unshipped (its waiters get an
         // error); the positions reached are kept for a warm restore.
         self.replica.stop();
@@ -55,6 +56,11 @@ impl Engine {
                 corrupt = self.recovery.corrupt_records_skipped,
                 "not writing an index checkpoint: damaged data was skipped at open"
             );
+            return Ok(());
+        }
+        if !self.cold.is_empty() {
+            // The checkpoint holds hot entries only: the next open replays the log.
+            tracing::info!("not writing an index checkpoint: the cold tier holds entries");
             return Ok(());
         }
         // No reaping (`expire_now` on another thread) while the segments are listed.

@@ -356,9 +356,12 @@ impl Engine {
         let hash = KeyHash::of(namespace.id, namespace.partition, id);
         let now = self.time.now();
         let shard = self.index.lock(hash);
-        match self.find(&shard, hash, namespace.id, namespace.partition, id)? {
+        let (mut found, mut cold) = (None, None);
+        let key = (namespace.id, namespace.partition, id);
+        self.find_any(&shard, hash, key, &mut found, &mut cold)?;
+        match found {
             Some(found) if found.current.is_live(now) => {
-                self.public_record(&shard, &found).map(Some)
+                self.public_record(&shard, &found, cold.as_ref()).map(Some)
             }
             _ => Ok(None),
         }

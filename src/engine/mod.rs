@@ -56,6 +56,8 @@ pub(crate) struct Engine {
     recovery: RecoveryReport,
     claims_released_at_open: u64,
     expiry: Arc<Expiry>,
+    /// The index entries moved out of RAM (`memory_budget`).
+    cold: crate::cold::ColdTier,
     operations: Operations,
     /// The partition slots: ownership and shipping when replicated, the highest
     /// offset marked always.
@@ -133,8 +135,11 @@ impl Engine {
             options.replication.clone()
         });
 
+        if !read_only {
+            crate::cold::remove_leftovers(vfs.as_ref(), &dir)?;
+        }
         let inner = Arc::new(Engine {
-            dir,
+            dir: dir.clone(),
             time,
             index,
             log: Arc::clone(&log),
@@ -145,6 +150,7 @@ impl Engine {
             recovery,
             claims_released_at_open,
             expiry: Arc::new(Expiry::default()),
+            cold: crate::cold::ColdTier::new(dir.clone()),
             operations: Operations::new(options.shards),
             replica,
             threads: Mutex::new(Vec::new()),
@@ -260,8 +266,27 @@ impl Engine {
         crate::telemetry::record_latency(timed, _elapsed);
     }
 
+    /// A reaper round: expire the buckets whose deadline passed, hot and cold, then
+    /// hold the index to the memory budget.
     fn reap(&self) -> Result<u64, Error> {
-        self.expiry.reap(&self.log, &self.index, self.time.now())
+        let now = self.time.now();
+        let mut forgotten = self.expiry.reap(&self.log, &self.index, now)?;
+        let _reaping = self.expiry.pause();
+        let (cold_forgotten, dropped) = self.cold.expire(&self.index, now.0);
+        crate::cold::remove_files(&self.log, &dropped);
+        self.expiry
+            .count_forgotten(cold_forgotten, dropped.len() as u64);
+        forgotten += cold_forgotten;
+        if let Some(budget) = self.options.memory_budget {
+            self.cold.enforce(
+                budget,
+                &self.log,
+                &self.index,
+                now.0,
+                self.options.durability != Durability::None,
+            )?;
+        }
+        Ok(forgotten)
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -274,6 +299,7 @@ impl Engine {
             }
             index_bytes += shard.allocation_size() as u64;
         }
+        let cold = self.cold.stats();
         let [seen, in_progress, released, completed, failed, tombstones] = counts.counts;
         let now_ms = self.time.now().0;
         let log = self.log.usage();
@@ -306,6 +332,15 @@ impl Engine {
             operations: self.operations.snapshot(),
             expiry_lag: Duration::from_millis(now_ms - log.oldest_deadline_ms.min(now_ms)),
             replication: self.replication_stats(),
+            cold: crate::stats::ColdTierStats {
+                generations: cold.generations,
+                entries: cold.keys,
+                ram_bytes: cold.ram_bytes,
+                disk_bytes: cold.disk_bytes,
+                spills: cold.spills,
+                merges: cold.merges,
+                spilled_keys: cold.spilled_keys,
+            },
         }
     }
 }

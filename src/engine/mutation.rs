@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::addr::{Location, Lsn};
 use crate::answer::Record;
+use crate::cold::ColdHit;
 use crate::error::Error;
 use crate::format::record::{ClaimFields, Placement, State, StoredRecord};
 use crate::index::{KeyHash, Shard};
@@ -19,9 +20,12 @@ use crate::replication::replica::{Role, ShipWait, Slot};
 
 use super::Engine;
 
-/// The key's newest record and where it is.
+/// The key's newest record and where it is. Small and `Copy`: the hot path moves it
+/// around; a record found in the cold tier travels with its `ColdHit` beside it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Found {
+    /// Where the hot entry points (for a cold record: its segment's slot when found;
+    /// only the `ColdHit` may be read through).
     pub location: Location,
     pub current: Current,
     /// Covered by a completed sync.
@@ -85,7 +89,7 @@ pub(crate) struct Target<'a> {
 
 impl Engine {
     /// The key `(namespace_id, id)` in a locked shard, verified against its record.
-    #[inline]
+    #[inline(always)]
     pub(super) fn find(
         &self,
         shard: &Shard,
@@ -132,11 +136,118 @@ impl Engine {
         }
     }
 
+    /// `find`, then the cold tier if the hot table has no entry for the key: a record
+    /// found there comes with its `ColdHit` in `cold`. (`found` is changed only on a
+    /// hot miss, so the hot path moves nothing.)
+    #[inline(always)]
+    pub(super) fn find_any(
+        &self,
+        shard: &Shard,
+        hash: KeyHash,
+        key: (u32, Option<u32>, &[u8]),
+        found: &mut Option<Found>,
+        cold: &mut Option<ColdHit>,
+    ) -> Result<(), Error> {
+        let (namespace_id, partition, id) = key;
+        *found = self.find(shard, hash, namespace_id, partition, id)?;
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted::planted("cold-lookup-skipped") {
+            return Ok(());
+        }
+        if found.is_none()
+            && !self.cold.is_empty()
+            && let Some((f, hit)) = self.find_cold(shard, hash, namespace_id, partition, id)?
+        {
+            *found = Some(f);
+            *cold = Some(hit);
+        }
+        Ok(())
+    }
+
+    /// The key's newest record in the cold tier (after a miss in the hot table).
+    #[cold]
+    #[inline(never)]
+    fn find_cold(
+        &self,
+        shard: &Shard,
+        hash: KeyHash,
+        namespace_id: u32,
+        partition: Option<u32>,
+        id: &[u8],
+    ) -> Result<Option<(Found, ColdHit)>, Error> {
+        let Some(hit) = self.cold.find(hash, |record| {
+            record.namespace_id == namespace_id
+                && record.placement.partition == partition
+                && record.id == id
+        })?
+        else {
+            return Ok(None);
+        };
+        let segment = hit.segment();
+        let record = hit
+            .record()
+            .map_err(|reason| Error::corruption(&segment.path, u64::from(hit.offset), reason))?;
+        let found = Found {
+            location: Location {
+                slot: segment.slot,
+                offset: hit.offset,
+            },
+            current: Current {
+                state: shard.effective_state(record.state, record.lsn),
+                first_seen: crate::clock::UnixMs(record.first_seen_ms),
+                deadline: crate::clock::UnixMs(segment.deadline_ms),
+                claim: record.claim,
+                lsn: record.lsn,
+                placement: record.placement,
+            },
+            durable: segment.is_durable(hit.offset),
+        };
+        Ok(Some((found, hit)))
+    }
+
+    /// Whether the record `stored` at `location` of `segment` is its key's newest (what
+    /// scans list): the hot entry points at it, or the key has none and the cold tier's
+    /// newest entry of the key does.
+    pub(super) fn is_current(
+        &self,
+        shard: &Shard,
+        hash: KeyHash,
+        segment: &crate::log::Segment,
+        location: Location,
+        stored: &StoredRecord<'_>,
+    ) -> Result<bool, Error> {
+        if shard.find(hash, |at| at == location).is_some() {
+            return Ok(true);
+        }
+        if self.cold.is_empty() {
+            return Ok(false);
+        }
+        let (mut found, mut hit) = (None, None);
+        let key = (stored.namespace_id, stored.placement.partition, stored.id);
+        self.find_any(shard, hash, key, &mut found, &mut hit)?;
+        Ok(
+            hit.is_some_and(|hit| {
+                hit.segment().seq == segment.seq && hit.offset == location.offset
+            }),
+        )
+    }
+
     /// The public record of a live key found in `shard` (the result is read from
     /// its record only for a completed key).
-    pub(super) fn public_record(&self, shard: &Shard, found: &Found) -> Result<Record, Error> {
+    pub(super) fn public_record(
+        &self,
+        shard: &Shard,
+        found: &Found,
+        cold: Option<&ColdHit>,
+    ) -> Result<Record, Error> {
         if found.current.state != State::Completed {
             return Ok(lifecycle::public_record(&found.current, None));
+        }
+        if let Some(hit) = cold {
+            let record = hit.record().map_err(|reason| {
+                Error::corruption(&hit.segment().path, u64::from(hit.offset), reason)
+            })?;
+            return Ok(lifecycle::public_record(&found.current, record.result));
         }
         self.log.with_record(shard, found.location, |_, record| {
             lifecycle::public_record(&found.current, record.result)
@@ -165,7 +276,9 @@ impl Engine {
         loop {
             let now = self.time.now();
             let mut shard = self.index.lock(hash);
-            let found = self.find(&shard, hash, namespace_id, placement.partition, id)?;
+            let (mut found, mut cold) = (None, None);
+            let key = (namespace_id, placement.partition, id);
+            self.find_any(&shard, hash, key, &mut found, &mut cold)?;
             let live = found.filter(|f| f.current.is_live(now));
             let decision = lifecycle::decide(
                 request,
@@ -181,7 +294,7 @@ impl Engine {
                     let reports = kept.reports_live_record();
                     let record = match (reports, &live) {
                         (true, Some(live)) if !matches!(kept, Kept::Duplicate) => {
-                            Some(Box::new(self.public_record(&shard, live)?))
+                            Some(Box::new(self.public_record(&shard, live, cold.as_ref())?))
                         }
                         _ => None,
                     };
@@ -292,9 +405,23 @@ impl Engine {
                 }
             }
             drop(slot_state);
-            shard.upsert(hash, found.map(|f| f.location), location);
-            if let Some(old) = found {
-                shard.counts.sub(old.current.state);
+            if let Some(hit) = &cold {
+                // The cold entry is shadowed from now on: its segment's expiry must not
+                // take the key out of the counts again.
+                let state = found.map_or(State::Seen, |f| f.current.state);
+                #[cfg(feature = "planted-bugs")]
+                let counted = !crate::planted::planted("cold-shadow-uncounted");
+                #[cfg(not(feature = "planted-bugs"))]
+                let counted = true;
+                if counted && hit.generation.count_sub(hit.row, shard_index, state) {
+                    shard.counts.sub(state);
+                }
+                shard.upsert(hash, None, location);
+            } else {
+                shard.upsert(hash, found.map(|f| f.location), location);
+                if let Some(old) = found {
+                    shard.counts.sub(old.current.state);
+                }
             }
             shard.counts.add(write.state);
             if let Some(counter) = written_counter(request) {

@@ -198,6 +198,7 @@ impl Engine {
         let now = self.time.now();
         let mut queued = 0u64;
         let mut owned = true;
+        let mut failure = None;
         for segment in segments.iter().filter(|s| s.deadline_ms > now.0) {
             let bytes = segment.file.read(0, segment.published() as usize);
             reader::scan(bytes, segment_header::LEN, |offset, stored| {
@@ -217,8 +218,13 @@ impl Engine {
                     offset: offset as u32,
                 };
                 let shard = self.index.lock(hash);
-                if shard.find(hash, |at| at == location).is_none() {
-                    return;
+                match self.is_current(&shard, hash, segment, location, &stored) {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        return;
+                    }
                 }
                 let mut state = slot.state.lock();
                 if state.role != Role::Owned {
@@ -238,6 +244,9 @@ impl Engine {
                 self.replica.schedule(slot, &mut state);
                 queued += 1;
             });
+        }
+        if let Some(e) = failure {
+            return Err(e);
         }
         if owned {
             slot.state.lock().reship = false;

@@ -35,6 +35,7 @@ impl Engine {
         segments.sort_by_key(|s| (s.deadline_ms, s.seq));
         let now = inner.time.now();
         let mut go_on = true;
+        let mut failure = None;
         for segment in segments.iter().filter(|s| s.deadline_ms > now.0) {
             let bytes = segment.file.read(0, segment.published() as usize);
             reader::scan(bytes, segment_header::LEN, |offset, stored| {
@@ -54,7 +55,16 @@ impl Engine {
                 let hash = KeyHash::of_record(&stored);
                 let current = {
                     let shard = inner.index.lock(hash);
-                    shard.find(hash, |at| at == location).map(|_| Current {
+                    let is_current =
+                        match inner.is_current(&shard, hash, segment, location, &stored) {
+                            Ok(is) => is,
+                            Err(e) => {
+                                failure.get_or_insert(e);
+                                go_on = false;
+                                return;
+                            }
+                        };
+                    is_current.then(|| Current {
                         state: shard.effective_state(stored.state, stored.lsn),
                         first_seen: UnixMs(stored.first_seen_ms),
                         deadline: UnixMs(segment.deadline_ms),
@@ -72,6 +82,6 @@ impl Engine {
                 break;
             }
         }
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 }

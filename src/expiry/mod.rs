@@ -59,6 +59,11 @@ impl Expiry {
         )
     }
 
+    /// Counts keys and files expiry forgot outside `reap` (the cold tier's).
+    pub(crate) fn count_forgotten(&self, keys: u64, _files: u64) {
+        self.expired_keys.fetch_add(keys, Ordering::Relaxed);
+    }
+
     /// No reap runs while the guard lives.
     pub(crate) fn pause(&self) -> MutexGuard<'_, ()> {
         self.reaping.lock()

@@ -124,10 +124,6 @@ pub(crate) enum State {
 
 impl State {
     /// Every state, in the order `StateCounts` counts them (tested there).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "enumerates the states for tests")
-    )]
     pub(crate) const ALL: [State; 6] = [
         State::Seen,
         State::InProgress,

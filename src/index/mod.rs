@@ -216,6 +216,11 @@ impl Shard {
         (removed, unreadable)
     }
 
+    /// Gives back the table's room beyond what its entries need (after a spill).
+    pub(crate) fn shrink(&mut self) {
+        self.table.shrink_to_fit(|e| table_hash(e.fingerprint()));
+    }
+
     /// Memory held by the table, in bytes.
     pub(crate) fn allocation_size(&self) -> usize {
         self.table.allocation_size()

@@ -43,6 +43,31 @@ pub(crate) trait Vfs: Send + Sync + 'static {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
 
+/// Writes `bytes` as the whole of `path`, replacing it atomically: into `temp`, synced
+/// (with `sync`), renamed over `path`, and the directory `dir` synced (with `sync`).
+/// On failure, the error and the path it concerns; the caller decides what to remove.
+pub(crate) fn replace_file<'p>(
+    vfs: &dyn Vfs,
+    dir: &'p Path,
+    temp: &'p Path,
+    path: &'p Path,
+    bytes: &[u8],
+    sync: bool,
+) -> Result<(), (io::Error, &'p Path)> {
+    let file = vfs.open_append(temp).map_err(|e| (e, temp))?;
+    file.set_len(0).map_err(|e| (e, temp))?;
+    file.write_at(0, bytes).map_err(|e| (e, temp))?;
+    if sync {
+        file.sync_data().map_err(|e| (e, temp))?;
+    }
+    drop(file);
+    vfs.rename(temp, path).map_err(|e| (e, path))?;
+    if sync {
+        vfs.sync_dir(dir).map_err(|e| (e, dir))?;
+    }
+    Ok(())
+}
+
 /// A small file written by appends (the namespace table).
 pub(crate) trait AppendFile: Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;

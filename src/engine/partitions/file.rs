@@ -57,22 +57,8 @@ impl Engine {
         let temp = self.dir.join(crate::layout::PARTITIONS_TEMP);
         let path = self.dir.join(crate::layout::PARTITIONS);
         const OP: &str = "writing the partition positions";
-        let file = vfs
-            .open_append(&temp)
-            .map_err(|e| Error::io(OP, &temp, e))?;
-        file.set_len(0).map_err(|e| Error::io(OP, &temp, e))?;
-        file.write_at(0, &bytes)
-            .map_err(|e| Error::io(OP, &temp, e))?;
-        if sync {
-            file.sync_data().map_err(|e| Error::io(OP, &temp, e))?;
-        }
-        drop(file);
-        vfs.rename(&temp, &path)
-            .map_err(|e| Error::io(OP, &path, e))?;
-        if sync {
-            vfs.sync_dir(&self.dir)
-                .map_err(|e| Error::io(OP, &self.dir, e))?;
-        }
+        crate::io::replace_file(vfs, &self.dir, &temp, &path, &bytes, sync)
+            .map_err(|(e, at)| Error::io(OP, at, e))?;
         Ok(())
     }
 

@@ -55,7 +55,22 @@ pub enum Op {
 /// Opens the scenario's store on `dir` under `clock`, with its namespaces in the order
 /// of [`NAMESPACES`].
 pub fn open(dir: &Path, clock: &ManualClock, durability: Durability) -> (Store, Vec<Namespace>) {
-    let store = Store::builder(dir)
+    open_with_budget(dir, clock, durability, None)
+}
+
+/// [`open`] with a memory budget: a tiny one sends every key through the cold tier
+/// (each reaper round and `expire_now` spill every live bucket, merges follow).
+pub fn open_with_budget(
+    dir: &Path,
+    clock: &ManualClock,
+    durability: Durability,
+    budget: Option<u64>,
+) -> (Store, Vec<Namespace>) {
+    let mut builder = Store::builder(dir);
+    if let Some(budget) = budget {
+        builder = builder.memory_budget(budget);
+    }
+    let store = builder
         .durability(durability)
         .bucket_width(Duration::from_millis(WIDTH_MS))
         .max_result_len(MAX_RESULT_LEN)
@@ -111,6 +126,7 @@ macro_rules! check_eq {
 pub struct Replay<'a> {
     dir: &'a Path,
     durability: Durability,
+    budget: Option<u64>,
     clock: ManualClock,
     store: Store,
     namespaces: Vec<Namespace>,
@@ -122,8 +138,13 @@ pub struct Replay<'a> {
 impl<'a> Replay<'a> {
     /// Opens the scenario's store on the empty directory `dir`.
     pub fn new(dir: &'a Path, durability: Durability) -> Replay<'a> {
+        Replay::with_budget(dir, durability, None)
+    }
+
+    /// [`Replay::new`] with a memory budget ([`open_with_budget`]).
+    pub fn with_budget(dir: &'a Path, durability: Durability, budget: Option<u64>) -> Replay<'a> {
         let clock = ManualClock::new(UnixMs(START_MS));
-        let (store, namespaces) = open(dir, &clock, durability);
+        let (store, namespaces) = open_with_budget(dir, &clock, durability, budget);
         let policies = NAMESPACES
             .iter()
             .map(|&(_, ttl_ms, lease_ms, max_attempts)| ModelPolicy {
@@ -135,6 +156,7 @@ impl<'a> Replay<'a> {
         Replay {
             dir,
             durability,
+            budget,
             clock,
             store,
             namespaces,
@@ -342,7 +364,8 @@ impl<'a> Replay<'a> {
                 self.namespaces.clear();
                 self.clock.set(UnixMs(self.model.now_ms()));
                 let released = self.model.reopen();
-                (self.store, self.namespaces) = open(self.dir, &self.clock, self.durability);
+                (self.store, self.namespaces) =
+                    open_with_budget(self.dir, &self.clock, self.durability, self.budget);
                 check_eq!(
                     step,
                     self.counts(),

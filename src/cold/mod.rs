@@ -1,0 +1,348 @@
+//! The cold tier (docs/ARCHITECTURE.md, "The cold tier"): the index entries of old
+//! buckets, moved out of the hot tables once the memory budget is exceeded, as
+//! immutable generation files (`format::cold_index`) fronted in RAM by a filter and
+//! the page fences. Exact: a filter hit reads the page, and every entry with the key's
+//! hash is verified against its record's key bytes.
+//!
+//! Lookups go hot table first (the caller), then the generations newest first; the
+//! first generation holding a verified record of the key answers (the newest record
+//! among its entries, by lsn). A key's entry moves here only while it is the key's
+//! newest, and a later write of the key is hot again, so a newer generation or the hot
+//! table always shadows an older entry.
+//!
+//! Each generation holds an `Arc` of every segment its entries point into, so a record
+//! read here is always mapped memory, whatever the reaper did meanwhile: soundness
+//! rests on the reference count, never on what a file contains. A generation leaves
+//! when every bucket it covers has expired; until then its entries into an expired
+//! bucket answer as expired.
+//!
+//! A store opened again rebuilds the index from the log (the generation files of the
+//! previous open are deleted at open): reusing them is the next step of issue 11.
+
+mod spill;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::format::cold_index::{self, ColdEntry, Header, PAGE_LEN, Sections};
+use crate::format::record::{State, StoredRecord};
+use crate::index::{Index, KeyHash, StateCounts};
+use crate::io::SegmentFile;
+use crate::log::Segment;
+
+pub(crate) use spill::remove_files;
+
+/// Most generations a fresh key's lookup probes: beyond it, the two adjacent
+/// generations with the fewest entries between them are merged.
+pub(crate) const GENERATIONS_MAX: usize = 8;
+
+/// Per shard, the keys per state whose newest entry is cold and points into one
+/// segment. The shard's own `counts` keep counting those keys (a spill moves no
+/// count, so `Stats` never sees a key twice or not at all); these say what to take
+/// out of each shard's counts when the segment's bucket expires. Changed only under
+/// the shard's lock (atomics for the shared handle), and shared by the generations
+/// that hold a row of the segment in turn (a merge hands the same counters on).
+pub(crate) type RowCounts = Box<[[AtomicU64; 6]]>;
+
+fn new_row_counts(shards: usize) -> Arc<RowCounts> {
+    Arc::new((0..shards).map(|_| Default::default()).collect())
+}
+
+/// A segment some of whose records' entries are cold.
+pub(crate) struct SpilledSegment {
+    pub deadline_ms: u64,
+    /// Its records before this offset were walked by a spill.
+    pub covered_len: u64,
+    pub counts: Arc<RowCounts>,
+}
+
+/// One generation file, open.
+pub(crate) struct Generation {
+    pub number: u64,
+    pub path: PathBuf,
+    header: Header,
+    sections: Sections,
+    file: Arc<dyn SegmentFile>,
+    /// The segment of each row of the file's segment table.
+    segments: Vec<Arc<Segment>>,
+    /// The states of the keys whose newest entry is here, per segment row: counted in
+    /// `Stats` until shadowed by a later write or taken out when the bucket expires.
+    counts: Box<[Arc<RowCounts>]>,
+    /// Entries whose key was written again while the spill wrote this file (the hot
+    /// entry had moved when the spill came to remove it): not the key's newest, never
+    /// answered from. (row, offset); filled before any lookup can miss the hot table
+    /// for such a key, and dropped by merges.
+    stale: Mutex<std::collections::HashSet<(u32, u32)>>,
+}
+
+impl Generation {
+    /// The entries of `hash`, read through the filter, the fences and the pages.
+    fn entries(&self, hash: KeyHash, out: &mut Vec<ColdEntry>) -> Result<(), &'static str> {
+        let file = &self.file;
+        let header = &self.header;
+        let read_page = |page: u32, buffer: &mut [u8; PAGE_LEN]| -> Result<(), &'static str> {
+            let at = header.page_offset(page);
+            if at + PAGE_LEN as u64 > file.capacity() {
+                return Err("cold index page beyond the file");
+            }
+            buffer.copy_from_slice(file.read(at, PAGE_LEN));
+            Ok(())
+        };
+        cold_index::find(header, &self.sections, hash.0, read_page, out).map_err(|e| match e {
+            cold_index::FindError::Read(reason) => reason,
+            cold_index::FindError::Page(e) => e.reason(),
+        })
+    }
+
+    /// The latest bucket deadline any of its entries points into.
+    fn last_deadline_ms(&self) -> u64 {
+        self.sections
+            .segments
+            .iter()
+            .map(|s| s.bucket_deadline_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Bytes this generation keeps in RAM: the filter, the fences, the segment table.
+    fn ram_bytes(&self) -> u64 {
+        (self.sections.filter.bytes()
+            + self.sections.fences.len() * 8
+            + self.sections.segments.len() * (24 + 16)) as u64
+    }
+
+    pub(crate) fn entry_count(&self) -> u64 {
+        self.header.entry_count
+    }
+
+    /// A key of `state` in shard `shard` now has its newest entry here, in row `row`
+    /// (under the shard's lock).
+    fn count_add(&self, row: usize, shard: usize, state: State) {
+        self.counts[row][shard][StateCounts::index(state)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The key of `state` in shard `shard` whose entry in row `row` was found is
+    /// written again (under the shard's lock, which takes the key out of its own
+    /// counts): the segment's expiry must not take it out again. Saturating: an
+    /// expired row's counts may have been taken out already.
+    /// Returns whether it was counted (false once the segment expired: its keys were
+    /// taken out of the shard's counts then).
+    pub(crate) fn count_sub(&self, row: usize, shard: usize, state: State) -> bool {
+        self.counts[row][shard][StateCounts::index(state)]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// A key's newest record found in a generation.
+#[derive(Clone)]
+pub(crate) struct ColdHit {
+    pub generation: Arc<Generation>,
+    /// The row of the generation's segment table the record is in.
+    pub row: usize,
+    pub offset: u32,
+}
+
+impl ColdHit {
+    pub(crate) fn segment(&self) -> &Arc<Segment> {
+        &self.generation.segments[self.row]
+    }
+
+    /// The record (it was verified when found; the segment is held by the generation).
+    pub(crate) fn record(&self) -> Result<StoredRecord<'_>, &'static str> {
+        self.segment().read(self.offset)
+    }
+}
+
+/// What the cold tier holds and did, for `Stats`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ColdStats {
+    pub generations: u64,
+    pub keys: u64,
+    pub ram_bytes: u64,
+    pub disk_bytes: u64,
+    pub spills: u64,
+    pub merges: u64,
+    pub spilled_keys: u64,
+}
+
+/// The cold tier of one store.
+pub(crate) struct ColdTier {
+    /// Oldest first.
+    generations: RwLock<Vec<Arc<Generation>>>,
+    /// Any generation: the hot path's one check when none is.
+    any: AtomicBool,
+    next_generation: AtomicU64,
+    /// Per segment with spilled entries (by seq): how far its records are covered
+    /// and its keys' counts, shared by every generation holding a row of it.
+    spilled: Mutex<std::collections::HashMap<u64, SpilledSegment>>,
+    /// Held by a spill or merge, and by close (no file is written after it).
+    working: Mutex<bool>,
+    spills: AtomicU64,
+    merges: AtomicU64,
+    spilled_keys: AtomicU64,
+    dir: PathBuf,
+}
+
+impl ColdTier {
+    pub(crate) fn new(dir: PathBuf) -> ColdTier {
+        ColdTier {
+            generations: RwLock::new(Vec::new()),
+            any: AtomicBool::new(false),
+            next_generation: AtomicU64::new(1),
+            spilled: Mutex::new(std::collections::HashMap::new()),
+            working: Mutex::new(false),
+            spills: AtomicU64::new(0),
+            merges: AtomicU64::new(0),
+            spilled_keys: AtomicU64::new(0),
+            dir,
+        }
+    }
+
+    /// Whether any generation exists (a relaxed hint; lookups take the lock).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.any.load(Ordering::Acquire)
+    }
+
+    /// The key's newest cold record: generations newest first, the first one with a
+    /// verified record of the key answers (its highest lsn). `is_key` compares a
+    /// record's key with the caller's. A damaged page is an error naming the file.
+    pub(crate) fn find(
+        &self,
+        hash: KeyHash,
+        mut is_key: impl FnMut(&StoredRecord<'_>) -> bool,
+    ) -> Result<Option<ColdHit>, crate::error::Error> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let generations = self.generations.read();
+        let mut entries = Vec::new();
+        for generation in generations.iter().rev() {
+            entries.clear();
+            generation
+                .entries(hash, &mut entries)
+                .map_err(|reason| crate::error::Error::corruption(&generation.path, 0, reason))?;
+            let mut best: Option<(crate::addr::Lsn, usize, u32)> = None;
+            let stale = generation.stale.lock();
+            for entry in &entries {
+                if stale.contains(&(entry.segment, entry.offset)) {
+                    continue;
+                }
+                let row = entry.segment as usize;
+                let segment = &generation.segments[row];
+                let record = segment.read(entry.offset).map_err(|reason| {
+                    crate::error::Error::corruption(&segment.path, u64::from(entry.offset), reason)
+                })?;
+                if is_key(&record) && best.is_none_or(|(lsn, _, _)| record.lsn > lsn) {
+                    best = Some((record.lsn, row, entry.offset));
+                }
+            }
+            if let Some((_, row, offset)) = best {
+                return Ok(Some(ColdHit {
+                    generation: Arc::clone(generation),
+                    row,
+                    offset,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Takes out of the shards' counts the cold keys of every segment whose bucket
+    /// deadline is at or before `now_ms`, and drops the generations all of whose
+    /// segments are: the caller deletes their files (O(files)). Returns the keys
+    /// forgotten (tombstones aside) and the generations dropped.
+    pub(crate) fn expire(&self, index: &Index, now_ms: u64) -> (u64, Vec<Arc<Generation>>) {
+        let mut expired = Vec::new();
+        self.spilled.lock().retain(|_, segment| {
+            let live = segment.deadline_ms > now_ms;
+            if !live {
+                expired.push(Arc::clone(&segment.counts));
+            }
+            live
+        });
+        let mut forgotten = 0;
+        if !expired.is_empty() {
+            for (i, shard) in index.shards().enumerate() {
+                let mut shard = shard.lock();
+                for counts in &expired {
+                    for (state, count) in State::ALL.into_iter().zip(counts[i].iter()) {
+                        let n = count.swap(0, Ordering::Relaxed);
+                        for _ in 0..n {
+                            shard.counts.sub(state);
+                        }
+                        if state != State::Tombstone {
+                            forgotten += n;
+                        }
+                    }
+                }
+            }
+        }
+        let mut generations = self.generations.write();
+        let (dropped, kept): (Vec<_>, Vec<_>) = generations
+            .drain(..)
+            .partition(|g| g.last_deadline_ms() <= now_ms);
+        *generations = kept;
+        self.any.store(!generations.is_empty(), Ordering::Release);
+        (forgotten, dropped)
+    }
+
+    pub(crate) fn stats(&self) -> ColdStats {
+        let generations = self.generations.read();
+        let mut stats = ColdStats {
+            generations: generations.len() as u64,
+            spills: self.spills.load(Ordering::Relaxed),
+            merges: self.merges.load(Ordering::Relaxed),
+            spilled_keys: self.spilled_keys.load(Ordering::Relaxed),
+            ..ColdStats::default()
+        };
+        for generation in generations.iter() {
+            stats.keys += generation.header.entry_count;
+            stats.ram_bytes += generation.ram_bytes();
+            stats.disk_bytes += generation.header.file_len();
+        }
+        stats
+    }
+
+    /// RAM the generations keep (filters, fences, segment tables).
+    pub(crate) fn ram_bytes(&self) -> u64 {
+        self.generations.read().iter().map(|g| g.ram_bytes()).sum()
+    }
+
+    /// No spill or merge runs after this returns (close).
+    pub(crate) fn stop(&self) {
+        *self.working.lock() = true;
+    }
+}
+
+/// Deletes the cold index files (and their temp files) an earlier open left: this
+/// open rebuilds its index from the log.
+pub(crate) fn remove_leftovers(
+    vfs: &dyn crate::io::Vfs,
+    dir: &std::path::Path,
+) -> Result<(), crate::error::Error> {
+    let names = vfs
+        .list(dir)
+        .map_err(|e| crate::error::Error::io("listing", dir, e))?;
+    let mut removed = 0;
+    for name in names.iter().filter(|n| crate::layout::is_cold_file(n)) {
+        let path = dir.join(name);
+        vfs.remove(&path).map_err(|e| {
+            crate::error::Error::io("deleting a cold index file of an earlier open", &path, e)
+        })?;
+        removed += 1;
+    }
+    if removed > 0 {
+        vfs.sync_dir(dir)
+            .map_err(|e| crate::error::Error::io("syncing directory", dir, e))?;
+        tracing::info!(
+            files = removed,
+            "deleted the cold index files of an earlier open; the index was rebuilt from the log"
+        );
+    }
+    Ok(())
+}

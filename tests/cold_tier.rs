@@ -1,0 +1,260 @@
+//! The cold tier (issue 11, docs/ARCHITECTURE.md "The cold tier"): with a memory
+//! budget, the index entries of the oldest buckets move to cold index files on disk,
+//! and every operation stays exact across the tiers: duplicates, claims, `get`,
+//! `remove`, `scan`, the state counts, expiry (whole files deleted) and a reopen.
+//! A budget of 1 byte spills every live bucket at each `expire_now`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use idemstore::{Begin, Durability, Error, ManualClock, Outcome, Policy, Status, Store, UnixMs};
+
+const START_MS: u64 = 1_700_000_000_000;
+const WIDTH_MS: u64 = 60_000;
+
+fn open(dir: &Path, clock: &ManualClock, budget: Option<u64>) -> Store {
+    let mut builder = Store::builder(dir)
+        .durability(Durability::None)
+        .bucket_width(Duration::from_millis(WIDTH_MS))
+        .shards(4)
+        .clock(clock.clone());
+    if let Some(budget) = budget {
+        builder = builder.memory_budget(budget);
+    }
+    builder.open().unwrap()
+}
+
+fn cold_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".cold"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Writes `keys` keys over `buckets` bucket widths (keys `prefix-0..`), one bucket at
+/// a time, spilling after each.
+fn fill(store: &Store, clock: &ManualClock, prefix: &str, keys: usize, buckets: usize) {
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    for b in 0..buckets {
+        for k in (b * keys / buckets)..((b + 1) * keys / buckets) {
+            assert!(
+                ns.check_and_set(format!("{prefix}-{k}"))
+                    .unwrap()
+                    .is_first()
+            );
+        }
+        store.expire_now().unwrap();
+        clock.advance(Duration::from_millis(WIDTH_MS));
+    }
+}
+
+#[test]
+fn spilled_keys_stay_duplicates_and_fresh_keys_stay_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock, Some(1));
+    fill(&store, &clock, "k", 3_000, 3);
+    let stats = store.stats();
+    assert_eq!(stats.cold.spilled_keys, 3_000, "{:?}", stats.cold);
+    assert_eq!(stats.live_keys, 3_000);
+    assert!(stats.cold.generations >= 1 && stats.cold.generations <= 8);
+    assert_eq!(cold_files(dir.path()).len() as u64, stats.cold.generations);
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    for k in 0..3_000 {
+        let id = format!("k-{k}");
+        assert!(
+            matches!(ns.check_and_set(&id).unwrap(), Outcome::Duplicate(_)),
+            "{id} forgotten after its spill"
+        );
+        assert_eq!(ns.get(&id).unwrap().unwrap().status, Status::Seen);
+    }
+    for k in 0..3_000 {
+        assert!(ns.check_and_set(format!("fresh-{k}")).unwrap().is_first());
+    }
+    assert_eq!(store.stats().live_keys, 6_000);
+    // scan lists every key once, hot or cold.
+    let mut listed = std::collections::HashSet::new();
+    store
+        .scan(Some("orders"), |_, id, _| {
+            assert!(listed.insert(id.to_vec()), "listed twice");
+            true
+        })
+        .unwrap();
+    assert_eq!(listed.len(), 6_000);
+}
+
+#[test]
+fn claims_on_cold_keys_follow_the_lifecycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock, Some(1));
+    let ns = store
+        .namespace(
+            "jobs",
+            Policy::ttl(Duration::from_secs(3600)).lease(Duration::from_secs(30)),
+        )
+        .unwrap();
+    let Begin::Acquired(done) = ns.begin("done").unwrap() else {
+        panic!("done not acquired")
+    };
+    done.complete(Some(b"receipt-7")).unwrap();
+    let Begin::Acquired(dropped) = ns.begin("dropped").unwrap() else {
+        panic!("dropped not acquired")
+    };
+    dropped.release().unwrap();
+    assert!(ns.check_and_set("removed").unwrap().is_first());
+    store.expire_now().unwrap();
+    assert_eq!(store.stats().cold.spilled_keys, 3);
+    assert_eq!(
+        store.stats().index_bytes,
+        0,
+        "hot tables left after the spill"
+    );
+
+    match ns.begin("done").unwrap() {
+        Begin::Completed(record) => assert_eq!(record.result.as_deref(), Some(&b"receipt-7"[..])),
+        other => panic!("a completed cold key answered {other:?}"),
+    }
+    let Begin::Acquired(again) = ns.begin("dropped").unwrap() else {
+        panic!("a released cold key was not acquired again")
+    };
+    assert_eq!(again.attempt(), 2, "the cold record's attempts were lost");
+    again.complete(None).unwrap();
+    assert!(ns.remove("removed").unwrap());
+    assert!(ns.check_and_set("removed").unwrap().is_first());
+    let stats = store.stats();
+    assert_eq!((stats.completed, stats.seen, stats.live_keys), (2, 1, 3));
+    // Spilled again (a newer generation), the newest state answers.
+    store.expire_now().unwrap();
+    assert_eq!(
+        ns.get("dropped").unwrap().unwrap().status,
+        Status::Completed
+    );
+    assert_eq!(store.stats().completed, 2);
+}
+
+#[test]
+fn expiry_deletes_whole_generations_and_forgets_their_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock, Some(1));
+    fill(&store, &clock, "k", 2_000, 4);
+    assert!(!cold_files(dir.path()).is_empty());
+    clock.advance(Duration::from_secs(2 * 3600));
+    store.expire_now().unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.cold.generations, 0);
+    assert_eq!(stats.live_keys, 0);
+    assert_eq!(stats.expired_keys, 2_000);
+    assert_eq!(cold_files(dir.path()), Vec::<String>::new());
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    assert!(ns.check_and_set("k-17").unwrap().is_first());
+}
+
+#[test]
+fn generations_are_merged_down_to_eight() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock, Some(1));
+    fill(&store, &clock, "k", 2_400, 24);
+    let stats = store.stats();
+    assert!(stats.cold.merges >= 16, "{:?}", stats.cold);
+    assert!(stats.cold.generations <= 8, "{:?}", stats.cold);
+    assert_eq!(stats.cold.entries, 2_400);
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    for k in 0..2_400 {
+        assert!(matches!(
+            ns.check_and_set(format!("k-{k}")).unwrap(),
+            Outcome::Duplicate(_)
+        ));
+    }
+}
+
+#[test]
+fn a_reopen_rebuilds_the_index_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    {
+        let store = open(dir.path(), &clock, Some(1));
+        fill(&store, &clock, "k", 1_000, 2);
+        assert!(!cold_files(dir.path()).is_empty());
+        store.close().unwrap();
+    }
+    let store = open(dir.path(), &clock, None);
+    assert_eq!(cold_files(dir.path()), Vec::<String>::new());
+    assert!(!store.stats().opened_from_checkpoint);
+    assert_eq!(store.stats().live_keys, 1_000);
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    for k in 0..1_000 {
+        assert!(matches!(
+            ns.check_and_set(format!("k-{k}")).unwrap(),
+            Outcome::Duplicate(_)
+        ));
+    }
+}
+
+#[test]
+fn a_damaged_cold_page_is_an_error_never_a_wrong_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock, Some(1));
+    fill(&store, &clock, "k", 500, 1);
+    let files = cold_files(dir.path());
+    assert_eq!(files.len(), 1);
+    // Flip a byte of the first entry page (the file is mapped shared: the store sees it).
+    let path = dir.path().join(&files[0]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[4096 + 3] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    let mut errors = 0;
+    for k in 0..500 {
+        match ns.check_and_set(format!("k-{k}")) {
+            Ok(Outcome::Duplicate(_)) => {}
+            Ok(other) => panic!("k-{k} answered {other:?} from a damaged generation"),
+            Err(Error::Corruption(damage)) => {
+                assert!(damage.file().ends_with(&files[0]), "{damage:?}");
+                errors += 1;
+            }
+            Err(e) => panic!("k-{k}: {e}"),
+        }
+    }
+    assert!(errors > 0, "no lookup read the damaged page");
+}
+
+#[test]
+fn a_budget_the_hot_index_fits_spills_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock, Some(64 << 20));
+    fill(&store, &clock, "k", 5_000, 2);
+    let stats = store.stats();
+    assert_eq!(stats.cold.spills, 0);
+    assert_eq!(stats.cold.generations, 0);
+    assert!(cold_files(dir.path()).is_empty());
+}
+
+#[test]
+fn a_zero_budget_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Store::builder(dir.path())
+        .memory_budget(0)
+        .open()
+        .unwrap_err();
+    assert!(err.to_string().contains("memory_budget"), "{err}");
+}
