@@ -61,6 +61,13 @@ fn sim_builder(clock: &ManualClock, durability: Durability) -> idemstore::StoreB
         .clock(clock.clone())
 }
 
+/// Every other cycle of both loops runs with a 1-byte memory budget: each
+/// `expire_now` (and reaper round) spills every live bucket to cold index files, so
+/// repeats are answered from the cold tier and crashes land inside spills and merges.
+fn budgeted(cycle: u64) -> bool {
+    cycle % 2 == 1
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Crash {
     ImmediatePowerCut,
@@ -80,6 +87,7 @@ fn lossy_kill_loop() {
     let mut recent: Vec<String> = Vec::new();
     let (mut acknowledged, mut crashed_in_open, mut checked, mut intact_checked) =
         (0u64, 0u64, 0u64, 0u64);
+    let mut spilled = 0u64;
     let started = Instant::now();
     for cycle in 0..cycles {
         let crash = match cycle % 3 {
@@ -98,7 +106,11 @@ fn lossy_kill_loop() {
         let intact = vfs.intact_writes();
         let mut pending: Vec<Promise> = Vec::new();
         let mut flushed = 0usize;
-        let store = testing::open(sim_builder(&clock, durability), &vfs);
+        let mut builder = sim_builder(&clock, durability);
+        if budgeted(cycle) {
+            builder = builder.memory_budget(1);
+        }
+        let store = testing::open(builder, &vfs);
         let opened = store
             .as_ref()
             .ok()
@@ -172,8 +184,13 @@ fn lossy_kill_loop() {
                             flushed = pending.len();
                         }
                         None
-                    } else {
+                    } else if dice < 98 {
                         clock.advance(Duration::from_millis(rng.below(1_000)));
+                        None
+                    } else {
+                        // Spills everything live on a budgeted cycle; an error here is
+                        // the planned crash or its fallout, never a lost answer.
+                        let _ = store.expire_now();
                         None
                     };
                     // Acknowledged only if it returned before the process died.
@@ -185,6 +202,9 @@ fn lossy_kill_loop() {
                 }
             }
             _ => crashed_in_open += 1,
+        }
+        if let Ok(store) = &store {
+            spilled += store.stats().cold.spilled_keys;
         }
         let snapshot = vfs.crash_now();
         drop(store);
@@ -210,8 +230,12 @@ fn lossy_kill_loop() {
     let ns = support::namespaces(&store).unwrap();
     model.check(&ns, clock.now().0).unwrap();
     println!(
-        "{cycles} lossy kill cycles in {:.1} s: {acknowledged} acknowledged operations, {crashed_in_open} crashes during open, {checked} promises and {intact_checked} intact records checked, 0 lost",
+        "{cycles} lossy kill cycles in {:.1} s: {acknowledged} acknowledged operations, {crashed_in_open} crashes during open, {checked} promises and {intact_checked} intact records checked, {spilled} index entries spilled to the cold tier, 0 lost",
         started.elapsed().as_secs_f64()
+    );
+    assert!(
+        spilled > cycles,
+        "the budgeted cycles spilled too little: {spilled}"
     );
     assert!(
         acknowledged > cycles * 3,
@@ -235,15 +259,19 @@ fn real_policy(claims: bool) -> Policy {
     }
 }
 
-fn real_open(dir: &str, immediate: bool) -> Result<Store, idemstore::Error> {
-    Store::builder(dir)
+fn real_open(dir: &str, immediate: bool, budget: bool) -> Result<Store, idemstore::Error> {
+    let builder = Store::builder(dir)
         .durability(if immediate {
             Durability::Immediate
         } else {
             Durability::Interval(Duration::from_millis(10))
         })
-        .segment_size(64 * 1024)
-        .open()
+        .segment_size(64 * 1024);
+    if budget {
+        builder.memory_budget(1).open()
+    } else {
+        builder.open()
+    }
 }
 
 /// Child: writes ids from `start` until killed, printing each answer after it returned:
@@ -256,13 +284,17 @@ fn child(spec: &str) -> ! {
     let dir = parts.next().unwrap();
     let start: u64 = parts.next().unwrap().parse().unwrap();
     let immediate = parts.next().unwrap() == "immediate";
-    let store = real_open(dir, immediate).unwrap();
+    let budget = parts.next().unwrap() == "budget";
+    let store = real_open(dir, immediate, budget).unwrap();
     let marks = store.namespace("marks", real_policy(false)).unwrap();
     let claims = store.namespace("claims", real_policy(true)).unwrap();
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready").unwrap();
     out.flush().unwrap();
     for i in start.. {
+        if budget && i % 64 == 0 {
+            store.expire_now().unwrap();
+        }
         let id = format!("id-{i}");
         let line = if i % 4 == 3 {
             match claims.begin(&id).unwrap() {
@@ -326,6 +358,7 @@ fn real_files_kill_loop() {
     let (mut highest, mut answers, mut early_kills) = (0u64, 0u64, 0u64);
     let (mut total_marks, mut total_completed) = (0usize, 0usize);
     let (mut long_cycles, mut rolled_over, mut immediate_cycles) = (0u64, 0u64, 0u64);
+    let mut spilled = 0u64;
     let started = Instant::now();
     for cycle in 0..cycles {
         if cycle % ROUND == 0 && cycle > 0 {
@@ -351,8 +384,9 @@ fn real_files_kill_loop() {
             .env(
                 CHILD_ENV,
                 format!(
-                    "{dir_str};{start};{}",
-                    if immediate { "immediate" } else { "interval" }
+                    "{dir_str};{start};{};{}",
+                    if immediate { "immediate" } else { "interval" },
+                    if budgeted(cycle) { "budget" } else { "none" }
                 ),
             )
             .stdout(Stdio::piped())
@@ -461,7 +495,12 @@ fn real_files_kill_loop() {
                 _ => panic!("cycle {cycle}: unexpected line {line}"),
             }
         }
-        let store = real_open(&dir_str, false).unwrap();
+        let store = real_open(&dir_str, false, budgeted(cycle)).unwrap();
+        if budgeted(cycle) {
+            // Every key checked below is then answered from the cold tier.
+            store.expire_now().unwrap();
+            spilled += store.stats().cold.spilled_keys;
+        }
         let m = store.namespace("marks", real_policy(false)).unwrap();
         let c = store.namespace("claims", real_policy(true)).unwrap();
         let full = cycle % ROUND == ROUND - 1 || cycle + 1 == cycles;
@@ -514,10 +553,14 @@ fn real_files_kill_loop() {
         }
     }
     println!(
-        "{cycles} real kill -9 cycles in {:.1} s ({early_kills} without waiting for the open, {immediate_cycles} in Immediate mode, {rolled_over} of {long_cycles} long ones across a segment roll-over): {answers} acknowledged answers; {total_marks} marks and {total_completed} completed claims, each checked after the kill that followed it, 100 random older ones after every kill and all of them every {ROUND} cycles (a new directory each time), 0 lost",
+        "{cycles} real kill -9 cycles in {:.1} s ({early_kills} without waiting for the open, {immediate_cycles} in Immediate mode, {rolled_over} of {long_cycles} long ones across a segment roll-over, every other one with a 1-byte memory budget: {spilled} index entries spilled and checked from the cold tier): {answers} acknowledged answers; {total_marks} marks and {total_completed} completed claims, each checked after the kill that followed it, 100 random older ones after every kill and all of them every {ROUND} cycles (a new directory each time), 0 lost",
         started.elapsed().as_secs_f64(),
     );
     assert!(immediate_cycles > 0, "no cycle ran in Immediate mode");
+    assert!(
+        spilled > cycles,
+        "the budgeted cycles spilled too little: {spilled}"
+    );
     assert!(
         rolled_over > 0,
         "no child filled a segment: the kills never landed around a roll-over"

@@ -125,18 +125,27 @@ fn workload(seed: u64) -> Vec<Step> {
     steps
 }
 
-fn builder(clock: &ManualClock) -> idemstore::StoreBuilder {
-    Store::builder(DIR)
+/// With `budget`, a 1-byte memory budget: every `expire_now` (and reaper round) spills
+/// every live bucket to a cold index file and merges beyond 8 generations, so the
+/// workload's later repeats and claims are answered from the cold tier.
+fn builder(clock: &ManualClock, budget: bool) -> idemstore::StoreBuilder {
+    let builder = Store::builder(DIR)
         .durability(Durability::Immediate)
         .bucket_width(support::BUCKET_WIDTH)
         .segment_size(256 * 1024)
-        .clock(clock.clone())
+        .clock(clock.clone());
+    if budget {
+        builder.memory_budget(1)
+    } else {
+        builder
+    }
 }
 
 /// What one run of the workload did.
 struct Run {
     vfs: SimVfs,
     clock: ManualClock,
+    budget: bool,
     store: Option<Store>,
     ns: Vec<Namespace>,
     model: Model,
@@ -171,7 +180,7 @@ impl Run {
                 self.store = None;
                 self.ns.clear();
                 self.poisoned = false;
-                let store = match testing::open(builder(&self.clock), &self.vfs) {
+                let store = match testing::open(builder(&self.clock, self.budget), &self.vfs) {
                     Ok(store) => store,
                     Err(e) => return self.retry_open(e),
                 };
@@ -235,7 +244,7 @@ impl Run {
 
     fn retry_open(&mut self, first: Error) -> Result<Option<Error>, ()> {
         // The open failed: a second attempt (fail-once faults let it through).
-        match testing::open(builder(&self.clock), &self.vfs)
+        match testing::open(builder(&self.clock, self.budget), &self.vfs)
             .and_then(|store| Ok((support::namespaces(&store)?, store)))
         {
             Ok((ns, store)) => {
@@ -295,13 +304,19 @@ type Site = (CallKind, &'static str, String);
 
 /// Runs the workload with the `nth` call of `kind` failing (once or forever). Returns
 /// `None` if the workload made fewer than `nth` such calls, else the site of the failure.
-fn run_with_fault(steps: &[Step], kind: CallKind, nth: u64, forever: bool) -> Option<Site> {
+fn run_with_fault(
+    steps: &[Step],
+    kind: CallKind,
+    nth: u64,
+    (forever, budget): (bool, bool),
+) -> Option<Site> {
     let vfs = SimVfs::new();
     vfs.fail(kind, nth, forever);
     let clock = ManualClock::new(UnixMs(support::T0_MS));
     let mut run = Run {
         vfs: vfs.clone(),
         clock: clock.clone(),
+        budget,
         store: None,
         ns: Vec::new(),
         model: Model::default(),
@@ -309,8 +324,9 @@ fn run_with_fault(steps: &[Step], kind: CallKind, nth: u64, forever: bool) -> Op
         poisoned: false,
     };
     let context = format!(
-        "{kind:?} call #{nth} failing {}",
-        if forever { "forever" } else { "once" }
+        "{kind:?} call #{nth} failing {}{}",
+        if forever { "forever" } else { "once" },
+        if budget { ", 1-byte memory budget" } else { "" }
     );
     let mut probed = false;
     let mut site = None;
@@ -383,9 +399,21 @@ fn run_with_fault(steps: &[Step], kind: CallKind, nth: u64, forever: bool) -> Op
                 "{context}: a failed checkpoint write at close must be an error naming it, got {step_error:?}"
             );
         }
+        // Failing forever, later calls of the kind fail too once the reaper met the
+        // first (with a budget the reaper spills at open, beside the caller): the step
+        // may fail of one of those, on its own thread or the commit thread.
+        let (from, to) = run
+            .log
+            .iter()
+            .find(|(_, b, a, _)| *b < hit.call && hit.call <= *a)
+            .map_or((0, 0), |(_, b, a, _)| (*b, *a));
+        let later_hit_too = forever
+            && hits.iter().skip(1).any(|h| {
+                h.thread.as_deref() != Some("idemstore-reaper") && from < h.call && h.call <= to
+            });
         if logged_only {
             assert!(
-                step_error.is_none() || label == "between operations",
+                step_error.is_none() || label == "between operations" || later_hit_too,
                 "{context}: the engine only logs this failure, yet {label} failed: {step_error:?}"
             );
         } else {
@@ -451,7 +479,7 @@ fn run_with_fault(steps: &[Step], kind: CallKind, nth: u64, forever: bool) -> Op
         .unwrap_or_else(|| vfs.snapshot())
         .power_cut(Damage::Dropped, 0);
     let now = run.now();
-    let reopened = testing::open(builder(&clock), &image)
+    let reopened = testing::open(builder(&clock, budget), &image)
         .unwrap_or_else(|e| panic!("{context}: reopening the surviving image failed: {e}"));
     let ns = support::namespaces(&reopened).unwrap();
     if let Err(violation) = run.model.check(&ns, now) {
@@ -462,11 +490,12 @@ fn run_with_fault(steps: &[Step], kind: CallKind, nth: u64, forever: bool) -> Op
     Some(site.expect("a fault that fired was analysed"))
 }
 
-fn sweep(forever: bool) {
-    let seed = support::seed(if forever {
-        "sweep forever"
-    } else {
-        "sweep once"
+fn sweep(forever: bool, budget: bool) {
+    let seed = support::seed(match (forever, budget) {
+        (false, false) => "sweep once",
+        (true, false) => "sweep forever",
+        (false, true) => "sweep once, budget",
+        (true, true) => "sweep forever, budget",
     });
     let steps = workload(seed);
     let mut sites: BTreeSet<Site> = BTreeSet::new();
@@ -474,7 +503,7 @@ fn sweep(forever: bool) {
     let mut per_kind = Vec::new();
     for kind in CallKind::ALL.into_iter().filter(|k| k.can_fail()) {
         let mut k = 1;
-        while let Some(site) = run_with_fault(&steps, kind, k, forever) {
+        while let Some(site) = run_with_fault(&steps, kind, k, (forever, budget)) {
             sites.insert(site);
             k += 1;
         }
@@ -487,16 +516,32 @@ fn sweep(forever: bool) {
         println!("  {kind:?} during {op} on thread {thread}");
     }
     for (kind, count) in &per_kind {
+        // With a cold tier the close writes no index checkpoint (it holds hot entries
+        // only), so the reopen has none to read.
+        if budget && *kind == CallKind::ReadFile {
+            assert_eq!(*count, 0, "a checkpoint was read with a cold tier");
+            continue;
+        }
         assert!(*count > 0, "the workload never made a {kind:?} call");
     }
 }
 
 #[test]
 fn every_failed_call_once_is_an_error_and_loses_nothing_acknowledged() {
-    sweep(false);
+    sweep(false, false);
 }
 
 #[test]
 fn every_failed_call_forever_is_an_error_and_loses_nothing_acknowledged() {
-    sweep(true);
+    sweep(true, false);
+}
+
+#[test]
+fn with_a_memory_budget_every_failed_call_once_is_an_error_and_loses_nothing() {
+    sweep(false, true);
+}
+
+#[test]
+fn with_a_memory_budget_every_failed_call_forever_is_an_error_and_loses_nothing() {
+    sweep(true, true);
 }

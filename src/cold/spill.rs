@@ -300,8 +300,7 @@ impl ColdTier {
             into = number,
             "merged two cold generations"
         );
-        remove_files(log, &[older, newer]);
-        Ok(())
+        remove_files(log, &[older, newer])
     }
 
     /// Writes generation `number` (temp file, sync, rename, directory sync) and opens
@@ -372,21 +371,27 @@ fn temp_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Deletes the files of generations that left the tier, best effort (a file left
-/// behind is deleted at the next open).
-pub(crate) fn remove_files(log: &Log, generations: &[Arc<Generation>]) {
+/// Deletes the files of generations that left the tier, then syncs the directory.
+/// Every file is tried; the first failure is returned (a file left behind is deleted
+/// at the next open, which rebuilds the index from the log).
+pub(crate) fn remove_files(log: &Log, generations: &[Arc<Generation>]) -> Result<(), Error> {
+    let mut result = Ok(());
     for generation in generations {
         match log.vfs().remove(&generation.path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(
-                file = %generation.path.display(),
-                error = %e,
-                "could not delete a cold index file; the next open deletes it"
-            ),
+            Err(e) => {
+                if result.is_ok() {
+                    result = Err(Error::io("deleting a cold index file", &generation.path, e));
+                }
+            }
         }
     }
-    if !generations.is_empty() {
-        let _ = log.vfs().sync_dir(log.dir());
+    if !generations.is_empty()
+        && let Err(e) = log.vfs().sync_dir(log.dir())
+        && result.is_ok()
+    {
+        result = Err(Error::io("syncing directory", log.dir(), e));
     }
+    result
 }

@@ -270,13 +270,13 @@ impl Engine {
     /// hold the index to the memory budget.
     fn reap(&self) -> Result<u64, Error> {
         let now = self.time.now();
-        let mut forgotten = self.expiry.reap(&self.log, &self.index, now)?;
+        let hot = self.expiry.reap(&self.log, &self.index, now);
+        // The cold tier's share of the retired buckets, whatever the hot part met.
         let _reaping = self.expiry.pause();
-        let (cold_forgotten, dropped) = self.cold.expire(&self.index, now.0);
-        crate::cold::remove_files(&self.log, &dropped);
-        self.expiry
-            .count_forgotten(cold_forgotten, dropped.len() as u64);
-        forgotten += cold_forgotten;
+        let (cold, dropped) = self.cold.expire(&self.index, now.0);
+        self.expiry.count_forgotten(cold, dropped.len() as u64);
+        let forgotten = hot? + cold;
+        crate::cold::remove_files(&self.log, &dropped)?;
         if let Some(budget) = self.options.memory_budget {
             self.cold.enforce(
                 budget,
