@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 9] = [
+pub const PLANTED_BUGS: [&str; 10] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -28,6 +28,9 @@ pub const PLANTED_BUGS: [&str; 9] = [
     "cold-lookup-skipped",
     // cold tier: a write that shadows a cold entry leaves that entry's state counted.
     "cold-shadow-uncounted",
+    // cold tier: a write that shadows a cold entry leaves that entry live, so a
+    // re-created key whose chain expires first finds its old state again.
+    "cold-shadow-not-killed",
 ];
 
 /// Whether the planted bug `name` is switched on (always false without the feature).

@@ -258,3 +258,27 @@ fn a_zero_budget_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("memory_budget"), "{err}");
 }
+
+/// A key removed and re-created with a shorter ttl starts a new chain that can expire
+/// before the bucket of its old, spilled record: the old state must not come back.
+#[test]
+fn a_re_created_key_never_finds_its_old_cold_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock, Some(1));
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    assert!(ns.check_and_set("k").unwrap().is_first());
+    store.expire_now().unwrap();
+    assert_eq!(store.stats().cold.spilled_keys, 1);
+    assert!(ns.remove("k").unwrap());
+    let short = ns.with_ttl(Duration::from_secs(1)).unwrap();
+    assert!(short.check_and_set("k").unwrap().is_first());
+    clock.advance(Duration::from_secs(3 * 60));
+    store.expire_now().unwrap();
+    assert_eq!(ns.get("k").unwrap(), None, "the spilled state came back");
+    assert!(!ns.remove("k").unwrap());
+    assert!(ns.check_and_set("k").unwrap().is_first());
+    assert_eq!(store.stats().live_keys, 1);
+}

@@ -71,30 +71,64 @@ pub(crate) struct Generation {
     /// The states of the keys whose newest entry is here, per segment row: counted in
     /// `Stats` until shadowed by a later write or taken out when the bucket expires.
     counts: Box<[Arc<RowCounts>]>,
-    /// Entries whose key was written again while the spill wrote this file (the hot
-    /// entry had moved when the spill came to remove it): not the key's newest, never
-    /// answered from. (row, offset); filled before any lookup can miss the hot table
-    /// for such a key, and dropped by merges.
-    stale: Mutex<std::collections::HashSet<(u32, u32)>>,
+    /// One bit per entry (by its position in the file): set once the entry is no
+    /// longer its key's newest record, never answered from again, dropped by merges.
+    /// Set when a write shadows the entry (under the key's shard lock), and by the
+    /// spill for an entry whose key was written while the file was written. This keeps
+    /// the tier's invariant: a key has at most one live cold entry, and none while it
+    /// has a hot entry (but inside a spill, where the hot entry points at the same
+    /// record), so a key whose hot entry expires never finds an older state here.
+    dead: Box<[AtomicU64]>,
+}
+
+fn dead_bits(entries: u64) -> Box<[AtomicU64]> {
+    (0..entries.div_ceil(64))
+        .map(|_| AtomicU64::new(0))
+        .collect()
 }
 
 impl Generation {
-    /// The entries of `hash`, read through the filter, the fences and the pages.
-    fn entries(&self, hash: KeyHash, out: &mut Vec<ColdEntry>) -> Result<(), &'static str> {
-        let file = &self.file;
-        let header = &self.header;
-        let read_page = |page: u32, buffer: &mut [u8; PAGE_LEN]| -> Result<(), &'static str> {
-            let at = header.page_offset(page);
-            if at + PAGE_LEN as u64 > file.capacity() {
+    /// The live entries of `hash` with their positions: the filter, the fences, then
+    /// each page that may hold it, its checksum verified.
+    fn entries(&self, hash: KeyHash, out: &mut Vec<(u64, ColdEntry)>) -> Result<(), &'static str> {
+        if !self.sections.filter.may_contain(hash.0) {
+            return Ok(());
+        }
+        let mut found = Vec::new();
+        for page in cold_index::pages_for(&self.sections.fences, hash.0) {
+            let at = self.header.page_offset(page);
+            if at + PAGE_LEN as u64 > self.file.capacity() {
                 return Err("cold index page beyond the file");
             }
-            buffer.copy_from_slice(file.read(at, PAGE_LEN));
-            Ok(())
-        };
-        cold_index::find(header, &self.sections, hash.0, read_page, out).map_err(|e| match e {
-            cold_index::FindError::Read(reason) => reason,
-            cold_index::FindError::Page(e) => e.reason(),
-        })
+            found.clear();
+            let bytes = self.file.read(at, PAGE_LEN);
+            cold_index::find_in_page(
+                &self.header,
+                &self.sections,
+                page,
+                bytes,
+                hash.0,
+                &mut found,
+            )
+            .map_err(|e| e.reason())?;
+            let first = u64::from(page) * cold_index::PAGE_ENTRIES as u64;
+            for &(i, entry) in &found {
+                let position = first + i as u64;
+                if !self.is_dead(position) {
+                    out.push((position, entry));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn is_dead(&self, position: u64) -> bool {
+        self.dead[(position / 64) as usize].load(Ordering::Acquire) & (1 << (position % 64)) != 0
+    }
+
+    /// The entry at `position` is no longer its key's newest record.
+    pub(crate) fn kill(&self, position: u64) {
+        self.dead[(position / 64) as usize].fetch_or(1 << (position % 64), Ordering::AcqRel);
     }
 
     /// The latest bucket deadline any of its entries points into.
@@ -107,11 +141,13 @@ impl Generation {
             .unwrap_or(0)
     }
 
-    /// Bytes this generation keeps in RAM: the filter, the fences, the segment table.
+    /// Bytes this generation keeps in RAM: the filter, the fences, the segment table,
+    /// the dead-entry bits.
     fn ram_bytes(&self) -> u64 {
         (self.sections.filter.bytes()
             + self.sections.fences.len() * 8
-            + self.sections.segments.len() * (24 + 16)) as u64
+            + self.sections.segments.len() * (24 + 16)
+            + self.dead.len() * 8) as u64
     }
 
     pub(crate) fn entry_count(&self) -> u64 {
@@ -144,6 +180,8 @@ pub(crate) struct ColdHit {
     /// The row of the generation's segment table the record is in.
     pub row: usize,
     pub offset: u32,
+    /// The entry's position in the generation (`Generation::kill`).
+    pub position: u64,
 }
 
 impl ColdHit {
@@ -226,26 +264,23 @@ impl ColdTier {
             generation
                 .entries(hash, &mut entries)
                 .map_err(|reason| crate::error::Error::corruption(&generation.path, 0, reason))?;
-            let mut best: Option<(crate::addr::Lsn, usize, u32)> = None;
-            let stale = generation.stale.lock();
-            for entry in &entries {
-                if stale.contains(&(entry.segment, entry.offset)) {
-                    continue;
-                }
+            let mut best: Option<(crate::addr::Lsn, usize, u32, u64)> = None;
+            for &(position, entry) in &entries {
                 let row = entry.segment as usize;
                 let segment = &generation.segments[row];
                 let record = segment.read(entry.offset).map_err(|reason| {
                     crate::error::Error::corruption(&segment.path, u64::from(entry.offset), reason)
                 })?;
-                if is_key(&record) && best.is_none_or(|(lsn, _, _)| record.lsn > lsn) {
-                    best = Some((record.lsn, row, entry.offset));
+                if is_key(&record) && best.is_none_or(|(lsn, ..)| record.lsn > lsn) {
+                    best = Some((record.lsn, row, entry.offset, position));
                 }
             }
-            if let Some((_, row, offset)) = best {
+            if let Some((_, row, offset, position)) = best {
                 return Ok(Some(ColdHit {
                     generation: Arc::clone(generation),
                     row,
                     offset,
+                    position,
                 }));
             }
         }

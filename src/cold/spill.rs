@@ -7,15 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use parking_lot::Mutex;
-
 use super::{ColdTier, GENERATIONS_MAX, Generation, RowCounts, SpilledSegment};
 use crate::addr::Location;
 use crate::error::Error;
 use crate::format::cold_index::{self, ColdEntry, ColdSegment};
 use crate::format::record::State;
 use crate::format::segment_header;
-use crate::index::{Index, KeyHash};
+use crate::index::{Index, KeyHash, StateCounts};
 use crate::io::Vfs;
 use crate::log::{Log, Segment, reader};
 
@@ -27,13 +25,11 @@ pub(crate) struct SpillReport {
     pub merges: u64,
 }
 
-/// An entry taken from the hot tables: its hash, where its record is, its state.
-struct Taken {
-    hash: KeyHash,
-    row: u32,
-    offset: u32,
-    state: State,
-}
+/// While a spill collects entries, the state of the key's record rides in the offset's
+/// top byte (offsets are below 2^24: segments are at most 16 MiB), so one 16-byte
+/// entry per key is all it holds besides the file it writes.
+const STATE_SHIFT: u32 = 24;
+const _: () = assert!(crate::limits::SEGMENT_SIZE_BYTES_MAX <= 1 << STATE_SHIFT);
 
 impl ColdTier {
     /// Spills the oldest buckets not spilled yet (deadline order) while the hot tables
@@ -107,7 +103,7 @@ impl ColdTier {
         segments: &[(Arc<Segment>, u64, u64)],
         sync: bool,
     ) -> Result<u64, Error> {
-        let mut taken = Vec::new();
+        let mut entries: Vec<ColdEntry> = Vec::new();
         for (row, (segment, from, covered)) in segments.iter().enumerate() {
             let bytes = segment.file.read(0, *covered as usize);
             reader::scan(bytes, *from as usize, |offset, record| {
@@ -118,11 +114,11 @@ impl ColdTier {
                 };
                 let shard = index.lock(hash);
                 if shard.find(hash, |at| at == location).is_some() {
-                    taken.push(Taken {
-                        hash,
-                        row: row as u32,
-                        offset: offset as u32,
-                        state: shard.effective_state(record.state, record.lsn),
+                    let state = shard.effective_state(record.state, record.lsn);
+                    entries.push(ColdEntry {
+                        key_hash: hash.0,
+                        segment: row as u32,
+                        offset: offset as u32 | (StateCounts::index(state) as u32) << STATE_SHIFT,
                     });
                 }
             });
@@ -143,7 +139,7 @@ impl ColdTier {
                 })
                 .collect()
         };
-        if taken.is_empty() {
+        if entries.is_empty() {
             let mut spilled = self.spilled.lock();
             for (segment, _, covered) in segments {
                 if let Some(entry) = spilled.get_mut(&segment.seq) {
@@ -160,15 +156,16 @@ impl ColdTier {
                 covered_len: *covered,
             })
             .collect();
-        let mut entries: Vec<ColdEntry> = taken
-            .iter()
-            .map(|t| ColdEntry {
-                key_hash: t.hash.0,
-                segment: t.row,
-                offset: t.offset,
+        // Sorted as the file holds them (by hash): an entry's position is its index here.
+        entries.sort_unstable();
+        let states: Vec<u8> = entries
+            .iter_mut()
+            .map(|e| {
+                let state = (e.offset >> STATE_SHIFT) as u8;
+                e.offset &= (1 << STATE_SHIFT) - 1;
+                state
             })
             .collect();
-        entries.sort_unstable();
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let generation = self.write(
             log.vfs(),
@@ -190,17 +187,20 @@ impl ColdTier {
             }
         }
         let mut moved = 0;
-        for t in &taken {
+        for (position, (e, &state)) in entries.iter().zip(&states).enumerate() {
             let location = Location {
-                slot: segments[t.row as usize].0.slot,
-                offset: t.offset,
+                slot: segments[e.segment as usize].0.slot,
+                offset: e.offset,
             };
-            let mut shard = index.lock(t.hash);
-            if shard.remove_at(t.hash, location) {
-                generation.count_add(t.row as usize, index.shard_of(t.hash), t.state);
+            let hash = KeyHash(e.key_hash);
+            let mut shard = index.lock(hash);
+            if shard.remove_at(hash, location) {
+                let state = State::ALL[state as usize];
+                generation.count_add(e.segment as usize, index.shard_of(hash), state);
                 moved += 1;
             } else {
-                generation.stale.lock().insert((t.row, t.offset));
+                // Written again meanwhile: the hot entry is newer.
+                generation.kill(position as u64);
             }
         }
         self.spills.fetch_add(1, Ordering::Relaxed);
@@ -252,7 +252,6 @@ impl ColdTier {
                 kept.covered_len = kept.covered_len.max(segment.covered_len);
                 remap.push(Some(merged));
             }
-            let stale = generation.stale.lock().clone();
             let mut page = Vec::new();
             for number in 0..generation.header.page_count {
                 let at = generation.header.page_offset(number);
@@ -266,8 +265,9 @@ impl ColdTier {
                     &mut page,
                 )
                 .map_err(|e| Error::corruption(&generation.path, at, e.reason()))?;
-                entries.extend(page.iter().filter_map(|e| {
-                    if stale.contains(&(e.segment, e.offset)) {
+                let first = u64::from(number) * cold_index::PAGE_ENTRIES as u64;
+                entries.extend(page.iter().enumerate().filter_map(|(i, e)| {
+                    if generation.is_dead(first + i as u64) {
                         return None;
                     }
                     remap[e.segment as usize].map(|segment| ColdEntry { segment, ..*e })
@@ -342,7 +342,7 @@ impl ColdTier {
             file,
             segments,
             counts: counts.into_boxed_slice(),
-            stale: Mutex::new(std::collections::HashSet::new()),
+            dead: super::dead_bits(header.entry_count),
         }))
     }
 }

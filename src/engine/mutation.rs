@@ -416,6 +416,15 @@ impl Engine {
                 if counted && hit.generation.count_sub(hit.row, shard_index, state) {
                     shard.counts.sub(state);
                 }
+                // Never answered again: the key's newest record is hot now, and a
+                // re-created key's chain may expire before this entry's bucket.
+                #[cfg(feature = "planted-bugs")]
+                let kill = !crate::planted::planted("cold-shadow-not-killed");
+                #[cfg(not(feature = "planted-bugs"))]
+                let kill = true;
+                if kill {
+                    hit.generation.kill(hit.position);
+                }
                 shard.upsert(hash, None, location);
             } else {
                 shard.upsert(hash, found.map(|f| f.location), location);

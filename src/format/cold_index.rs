@@ -314,6 +314,35 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
     })
 }
 
+/// Page `page`'s bytes with its checksum verified and its count: exactly what the
+/// header's entry count gives that page (255 in every page but the last), and the
+/// reserved word zero.
+fn verified_page<'a>(
+    header: &Header,
+    page: u32,
+    bytes: &'a [u8],
+) -> Result<(&'a [u8], usize), ColdError> {
+    if bytes.len() < PAGE_LEN {
+        return Err(ColdError::Truncated);
+    }
+    let bytes = &bytes[..PAGE_LEN];
+    if read_u64(bytes, PAGE_CHECKSUM_OFFSET) != checksum(&bytes[..PAGE_CHECKSUM_OFFSET]) {
+        return Err(ColdError::Checksum("cold index page checksum mismatch"));
+    }
+    let count = read_u32(bytes, PAGE_COUNT_OFFSET) as usize;
+    let expected = if page + 1 == header.page_count {
+        header
+            .entry_count
+            .saturating_sub(u64::from(page) * PAGE_ENTRIES as u64) as usize
+    } else {
+        PAGE_ENTRIES
+    };
+    if count != expected || count > PAGE_ENTRIES || read_u32(bytes, PAGE_COUNT_OFFSET + 4) != 0 {
+        return Err(ColdError::Invalid("cold index page count disagrees"));
+    }
+    Ok((bytes, count))
+}
+
 /// Decodes and verifies entry page `page` of a generation: its checksum, its count
 /// (255 in every page but the last), its order, that it starts at its fence and ends
 /// at or before the next one, and that every entry names a segment of the table.
@@ -325,26 +354,10 @@ pub(crate) fn decode_page(
     bytes: &[u8],
     out: &mut Vec<ColdEntry>,
 ) -> Result<(), ColdError> {
-    if bytes.len() < PAGE_LEN {
-        return Err(ColdError::Truncated);
-    }
-    let bytes = &bytes[..PAGE_LEN];
-    if read_u64(bytes, PAGE_CHECKSUM_OFFSET) != checksum(&bytes[..PAGE_CHECKSUM_OFFSET]) {
-        return Err(ColdError::Checksum("cold index page checksum mismatch"));
-    }
+    let (bytes, count) = verified_page(header, page, bytes)?;
     let Some(&fence) = sections.fences.get(page as usize) else {
         return Err(ColdError::Invalid("cold index page beyond the last"));
     };
-    let count = read_u32(bytes, PAGE_COUNT_OFFSET) as usize;
-    let last = page + 1 == header.page_count;
-    let expected = if last {
-        (header.entry_count - u64::from(page) * PAGE_ENTRIES as u64) as usize
-    } else {
-        PAGE_ENTRIES
-    };
-    if count != expected || read_u32(bytes, PAGE_COUNT_OFFSET + 4) != 0 {
-        return Err(ColdError::Invalid("cold index page count disagrees"));
-    }
     let next_fence = sections.fences.get(page as usize + 1).copied();
     let start = out.len();
     let mut previous = fence;
@@ -379,6 +392,48 @@ pub(crate) fn decode_page(
         return Err(ColdError::Invalid(
             "cold index page has bytes past its entries",
         ));
+    }
+    Ok(())
+}
+
+/// The entries of page `page` whose key hash is `key_hash`, with their positions in
+/// the page: what a lookup reads. The page's checksum and count are verified (as
+/// `decode_page` does), then the sorted entries are binary-searched in place instead
+/// of decoded; every entry returned names a segment of the table.
+pub(crate) fn find_in_page(
+    header: &Header,
+    sections: &Sections,
+    page: u32,
+    bytes: &[u8],
+    key_hash: u64,
+    out: &mut Vec<(usize, ColdEntry)>,
+) -> Result<(), ColdError> {
+    let (bytes, count) = verified_page(header, page, bytes)?;
+    let hash_at = |i: usize| read_u64(bytes, i * ENTRY_LEN);
+    // The first entry whose hash is not below `key_hash` (sorted, checksummed).
+    let (mut lo, mut hi) = (0, count);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if hash_at(mid) < key_hash {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    for i in lo..count {
+        if hash_at(i) != key_hash {
+            break;
+        }
+        let at = i * ENTRY_LEN;
+        let entry = ColdEntry {
+            key_hash,
+            segment: read_u32(bytes, at + 8),
+            offset: read_u32(bytes, at + 12),
+        };
+        if entry.segment as usize >= sections.segments.len() {
+            return Err(ColdError::Invalid("cold index entry names no segment"));
+        }
+        out.push((i, entry));
     }
     Ok(())
 }

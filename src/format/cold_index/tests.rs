@@ -209,3 +209,79 @@ fn a_page_with_a_checksum_that_matches_but_wrong_contents_is_refused() {
     let mut out = Vec::new();
     assert!(decode_page(&opened.header, &opened.sections, 0, &encoded, &mut out).is_err());
 }
+
+/// `find_in_page` over every page `pages_for` names.
+fn find_fast(bytes: &[u8], opened: &Opened, key_hash: u64) -> Result<Vec<ColdEntry>, ColdError> {
+    let mut found = Vec::new();
+    for page in pages_for(&opened.sections.fences, key_hash) {
+        let at = opened.header.page_offset(page) as usize;
+        let mut in_page = Vec::new();
+        find_in_page(
+            &opened.header,
+            &opened.sections,
+            page,
+            &bytes[at..at + PAGE_LEN],
+            key_hash,
+            &mut in_page,
+        )?;
+        for (i, entry) in in_page {
+            assert_eq!(
+                read_u64(&bytes[at..], i * ENTRY_LEN),
+                key_hash,
+                "position {i} is not the entry's"
+            );
+            found.push(entry);
+        }
+    }
+    Ok(found)
+}
+
+#[test]
+fn the_in_place_page_search_finds_what_the_decoding_find_finds() {
+    let mut written = entries(2_000, 3);
+    for (i, entry) in written.iter_mut().enumerate().skip(500).take(300) {
+        entry.key_hash = 1 << 41;
+        entry.offset = i as u32;
+    }
+    written.sort();
+    let bytes = encode(1, &SEGMENTS, &written);
+    let opened = open(&bytes).unwrap();
+    let mut probes: Vec<u64> = written.iter().map(|e| e.key_hash).collect();
+    probes.extend((0..2_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    probes.extend([0, u64::MAX, 1 << 41]);
+    for hash in probes {
+        let mut fast = find_fast(&bytes, &opened, hash).unwrap();
+        let mut slow: Vec<ColdEntry> = pages_for(&opened.sections.fences, hash)
+            .flat_map(|page| {
+                let at = opened.header.page_offset(page) as usize;
+                let mut out = Vec::new();
+                decode_page(
+                    &opened.header,
+                    &opened.sections,
+                    page,
+                    &bytes[at..at + PAGE_LEN],
+                    &mut out,
+                )
+                .unwrap();
+                out.into_iter().filter(|e| e.key_hash == hash)
+            })
+            .collect();
+        fast.sort();
+        slow.sort();
+        assert_eq!(fast, slow, "{hash:#x}");
+    }
+    assert_eq!(find_fast(&bytes, &opened, 1 << 41).unwrap().len(), 300);
+}
+
+#[test]
+fn the_in_place_page_search_refuses_a_damaged_page() {
+    let written = entries(600, 4);
+    let bytes = encode(1, &SEGMENTS, &written);
+    let opened = open(&bytes).unwrap();
+    let target = written[10].key_hash;
+    for byte in [0, 7, 100, 4079, 4080, 4090] {
+        let mut damaged = bytes.clone();
+        damaged[PAGE_LEN + byte] ^= 0x10;
+        assert!(find_fast(&damaged, &opened, target).is_err(), "byte {byte}");
+    }
+}

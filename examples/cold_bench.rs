@@ -1,0 +1,245 @@
+//! The cold tier (`memory_budget`) against the all-in-RAM index, side by side in one run:
+//! N fresh 16-byte keys from 2 threads, then duplicates of keys spread over all of them
+//! (spilled ones, with the budget), then fresh keys that probe every generation, then the
+//! open of the store after it was dropped (the cold files are deleted and the log
+//! replayed: reuse is not built yet). Reports anonymous RSS per key (`/proc/self/status`),
+//! its peak (sampled every 5 ms by a thread), the hot tables' and the generations' bytes
+//! per key, disk per key, rates, and call latency (p50 / p99 / p999).
+//!
+//! ```sh
+//! cargo run --release --example cold_bench -- [keys] [budget MiB] [dir]
+//! # default: 20 000 000 keys, a 16 MiB budget, a temp dir under /tmp
+//! ```
+//!
+//! Each configuration runs in a child process of its own, so its RSS is its alone. No
+//! cold-page-cache figure: the store maps its files, and the kernel keeps mapped pages
+//! through `drop_caches`; it needs an open that reuses the cold files (not built yet).
+
+use std::time::{Duration, Instant};
+
+use idemstore::{Durability, Outcome, Policy, Store};
+
+const THREADS: u64 = 2;
+
+fn key(n: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&n.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
+    k[8..].copy_from_slice(&n.to_le_bytes());
+    k
+}
+
+fn status(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn dir_bytes(path: &std::path::Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let at = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[at] as f64 / 1000.0
+}
+
+/// Runs `op(i)` for i in `range` split over `THREADS` threads; returns calls/s and the
+/// sorted latencies (ns) of every `sample`-th call.
+fn run(range: std::ops::Range<u64>, sample: u64, op: impl Fn(u64) + Sync) -> (f64, Vec<u64>) {
+    let started = Instant::now();
+    let per = (range.end - range.start).div_ceil(THREADS);
+    let mut latencies: Vec<u64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let op = &op;
+                let from = range.start + t * per;
+                let to = (from + per).min(range.end);
+                s.spawn(move || {
+                    let mut lat = Vec::with_capacity(((to - from) / sample + 1) as usize);
+                    for i in from..to {
+                        if i % sample == 0 {
+                            let at = Instant::now();
+                            op(i);
+                            lat.push(at.elapsed().as_nanos() as u64);
+                        } else {
+                            op(i);
+                        }
+                    }
+                    lat
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    latencies.sort_unstable();
+    let rate = (range.end - range.start) as f64 / started.elapsed().as_secs_f64();
+    (rate, latencies)
+}
+
+fn report(what: &str, keys: u64, (rate, lat): &(f64, Vec<u64>)) {
+    println!(
+        "  {what:<44} {:>7.2} M/s   p50 {:>6.2} µs  p99 {:>7.2} µs  p999 {:>8.2} µs  ({keys} calls)",
+        rate / 1e6,
+        percentile(lat, 0.50),
+        percentile(lat, 0.99),
+        percentile(lat, 0.999),
+    );
+}
+
+/// The largest anonymous RSS seen since `start`, sampled every 5 ms.
+struct PeakAnon {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl PeakAnon {
+    fn start() -> PeakAnon {
+        let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sampled = std::sync::Arc::clone(&peak);
+        std::thread::spawn(move || {
+            loop {
+                sampled.fetch_max(status("RssAnon:"), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        PeakAnon { peak }
+    }
+
+    /// The peak so far, and a new period from now.
+    fn take(&self) -> u64 {
+        self.peak
+            .swap(status("RssAnon:"), std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
+    let open = || {
+        let builder = Store::builder(dir)
+            .durability(Durability::Interval(Duration::from_millis(100)))
+            .shards(256);
+        match budget {
+            Some(b) => builder.memory_budget(b).open(),
+            None => builder.open(),
+        }
+        .unwrap()
+    };
+    let label = match budget {
+        Some(b) => format!("budget {} MiB", b >> 20),
+        None => "no budget (all in RAM)".to_string(),
+    };
+    println!("== {label}, {keys} keys");
+    let peak = PeakAnon::start();
+    let store = open();
+    let ns = store
+        .namespace("bench", Policy::ttl(Duration::from_secs(24 * 3600)))
+        .unwrap();
+    let fresh = run(0..keys, 64, |i| {
+        assert_eq!(ns.check_and_set(key(i)).unwrap(), Outcome::First);
+    });
+    report("fresh check_and_set, 2 threads", keys, &fresh);
+    let started = Instant::now();
+    store.expire_now().unwrap();
+    let stats = store.stats();
+    println!(
+        "  final spill {:.2?}; hot index {:.2} B/key, cold RAM {:.2} B/key ({} generations, {} entries, {} spills, {} merges)",
+        started.elapsed(),
+        stats.index_bytes as f64 / keys as f64,
+        stats.cold.ram_bytes as f64 / keys as f64,
+        stats.cold.generations,
+        stats.cold.entries,
+        stats.cold.spills,
+        stats.cold.merges
+    );
+    println!(
+        "  anonymous RSS {:.2} B/key (peak while writing {:.2} B/key); disk {:.1} B/key (log {:.1}, cold files {:.1})",
+        status("RssAnon:") as f64 / keys as f64,
+        peak.take() as f64 / keys as f64,
+        dir_bytes(dir) as f64 / keys as f64,
+        stats.log_bytes as f64 / keys as f64,
+        stats.cold.disk_bytes as f64 / keys as f64,
+    );
+    // Duplicates of the oldest keys (spilled first), a pseudo-random walk over them.
+    let dups = (keys / 4).min(2_000_000);
+    let spread = |i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % keys;
+    let duplicate = |i: u64| {
+        assert!(matches!(
+            ns.check_and_set(key(spread(i))).unwrap(),
+            Outcome::Duplicate(_)
+        ));
+    };
+    report(
+        "duplicates, spread over every key",
+        dups,
+        &run(0..dups, 1, duplicate),
+    );
+    let more = (keys / 10).min(2_000_000);
+    report(
+        "fresh keys after the spill",
+        more,
+        &run(keys..keys + more, 1, |i| {
+            assert_eq!(ns.check_and_set(key(i)).unwrap(), Outcome::First);
+        }),
+    );
+    drop(ns);
+    store.close().unwrap();
+    drop(store);
+    peak.take();
+    let started = Instant::now();
+    let store = open();
+    let opened = started.elapsed();
+    let replayed = store.stats().records_replayed;
+    store.expire_now().unwrap();
+    println!(
+        "  reopen {opened:.2?} ({replayed} records replayed; peak anonymous RSS {:.2} B/key: the whole index in RAM once); after the first spill {:.2} B/key",
+        peak.take() as f64 / (keys + more) as f64,
+        status("RssAnon:") as f64 / (keys + more) as f64
+    );
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    if let Some(spec) = std::env::var_os("COLD_BENCH_CHILD") {
+        let spec = spec.into_string().unwrap();
+        let mut parts = spec.split(';');
+        let keys: u64 = parts.next().unwrap().parse().unwrap();
+        let budget: u64 = parts.next().unwrap().parse().unwrap();
+        let dir = parts.next().unwrap();
+        child(
+            keys,
+            (budget > 0).then_some(budget),
+            std::path::Path::new(dir),
+        );
+        return;
+    }
+    let keys: u64 = args.next().map_or(20_000_000, |a| a.parse().unwrap());
+    let budget_mib: u64 = args.next().map_or(16, |a| a.parse().unwrap());
+    let base = args.next().map_or_else(std::env::temp_dir, Into::into);
+    for budget in [budget_mib << 20, 0] {
+        let dir = tempfile::tempdir_in(&base).unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(
+                "COLD_BENCH_CHILD",
+                format!("{keys};{budget};{}", dir.path().display()),
+            )
+            .status()
+            .unwrap();
+        assert!(status.success(), "the benchmark child failed");
+    }
+}
