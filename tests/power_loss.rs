@@ -73,6 +73,10 @@ fn run_workload(
     let mut marks: Vec<String> = Vec::new();
     let interval = matches!(durability, Durability::Interval(_));
     for i in 0..ops {
+        if budget && i % 20 == 19 {
+            // Spills (and merges) at fixed steps too, whatever the dice say.
+            store.expire_now().unwrap();
+        }
         let now = clock.now().0;
         let dice = rng.below(100);
         let touched = if dice < 55 || (dice < 65 && marks.is_empty()) {
