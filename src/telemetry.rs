@@ -237,6 +237,21 @@ pub(crate) fn metric_values(stats: &Stats) -> Vec<MetricValue> {
     ] {
         values.push(metric(name, Counter, None, value));
     }
+    let cold = &stats.cold;
+    values.extend([
+        metric("idemstore_cold_generations", Gauge, None, cold.generations),
+        metric("idemstore_cold_entries", Gauge, None, cold.entries),
+        metric("idemstore_cold_ram_bytes", Gauge, None, cold.ram_bytes),
+        metric("idemstore_cold_disk_bytes", Gauge, None, cold.disk_bytes),
+        metric("idemstore_cold_spills_total", Counter, None, cold.spills),
+        metric("idemstore_cold_merges_total", Counter, None, cold.merges),
+        metric(
+            "idemstore_cold_spilled_keys_total",
+            Counter,
+            None,
+            cold.spilled_keys,
+        ),
+    ]);
     values.push(MetricValue {
         name: "idemstore_replication_lag_seconds",
         kind: Gauge,
@@ -326,6 +341,8 @@ mod tests {
         stats.replication.queued_records = 11;
         stats.replication.shipped_records = 900;
         stats.replication.lag = Duration::from_millis(250);
+        stats.cold.ram_bytes = 1_300;
+        stats.cold.spilled_keys = 1_000;
         let values = metric_values(&stats);
         let value = |name: &str, label: Option<(&str, &str)>| {
             let found: Vec<_> = values
@@ -362,6 +379,8 @@ mod tests {
             900.0
         );
         assert_eq!(value("idemstore_replication_lag_seconds", None), 0.25);
+        assert_eq!(value("idemstore_cold_ram_bytes", None), 1_300.0);
+        assert_eq!(value("idemstore_cold_spilled_keys_total", None), 1_000.0);
         assert_eq!(
             value(
                 "idemstore_check_and_set_latency_seconds",
