@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 10] = [
+pub const PLANTED_BUGS: [&str; 11] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -31,6 +31,9 @@ pub const PLANTED_BUGS: [&str; 10] = [
     // cold tier: a write that shadows a cold entry leaves that entry live, so a
     // re-created key whose chain expires first finds its old state again.
     "cold-shadow-not-killed",
+    // cold tier: a merge drops the kills writers made in the two generations after
+    // it read their dead bits, so a killed entry answers again from the merged one.
+    "cold-merge-loses-kills",
 ];
 
 /// Whether the planted bug `name` is switched on (always false without the feature).

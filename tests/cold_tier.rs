@@ -282,3 +282,87 @@ fn a_re_created_key_never_finds_its_old_cold_state() {
     assert!(ns.check_and_set("k").unwrap().is_first());
     assert_eq!(store.stats().live_keys, 1);
 }
+
+/// A write that kills a cold entry while a merge of its generation is being written
+/// (after the merge read the dead bits, before it swapped the merged generation in)
+/// must stay killed in the merged generation: the key, re-created with a short ttl
+/// that expires first, never finds its old state. The simulated file system runs the
+/// writes inside the merge's rename of its file into place (the first rename of a
+/// cold file while more than eight generations are published is a merge's).
+#[test]
+fn a_write_during_a_merge_stays_killed_in_the_merged_generation() {
+    use idemstore::testing::{self, SimVfs};
+    use std::sync::{Arc, Mutex};
+
+    let vfs = SimVfs::new();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let builder = Store::builder("/merge")
+        .durability(Durability::None)
+        .bucket_width(Duration::from_millis(WIDTH_MS))
+        .shards(4)
+        .clock(clock.clone())
+        .memory_budget(1);
+    let store = Arc::new(testing::open(builder, &vfs).unwrap());
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    let written: Arc<Mutex<Vec<String>>> = Arc::default();
+    let killed: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        let (store, written, killed) = (
+            Arc::clone(&store),
+            Arc::clone(&written),
+            Arc::clone(&killed),
+        );
+        vfs.before_rename(move |to| {
+            let cold = to.extension().is_some_and(|e| e == "cold");
+            if !cold || store.stats().cold.generations <= 8 || !killed.lock().unwrap().is_empty() {
+                return;
+            }
+            let ns = store
+                .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+                .unwrap();
+            let short = ns.with_ttl(Duration::from_secs(1)).unwrap();
+            let keys = written.lock().unwrap().clone();
+            for key in &keys {
+                assert!(ns.remove(key).unwrap(), "{key}");
+                assert!(short.check_and_set(key).unwrap().is_first(), "{key}");
+            }
+            *killed.lock().unwrap() = keys;
+        });
+    }
+    // One generation a bucket: the ninth makes the first merge.
+    const PER_BUCKET: usize = 50;
+    for b in 0..12 {
+        for i in 0..PER_BUCKET {
+            let key = format!("k-{b}-{i}");
+            assert!(ns.check_and_set(&key).unwrap().is_first());
+            written.lock().unwrap().push(key);
+        }
+        store.expire_now().unwrap();
+        clock.advance(Duration::from_millis(WIDTH_MS));
+    }
+    vfs.before_rename(|_| {}); // drops the hook's handle on the store
+    let killed = killed.lock().unwrap().clone();
+    assert!(!killed.is_empty(), "no merge renamed its file");
+    assert!(store.stats().cold.merges >= 1, "{:?}", store.stats().cold);
+    // The short records expire; the merged generation must not answer for them.
+    clock.advance(Duration::from_secs(3 * 60));
+    store.expire_now().unwrap();
+    let written = written.lock().unwrap().clone();
+    for key in &written {
+        let got = ns.get(key).unwrap();
+        if killed.contains(key) {
+            assert_eq!(
+                got, None,
+                "{key}: a state killed during the merge came back"
+            );
+        } else {
+            assert!(got.is_some(), "{key} was lost");
+        }
+    }
+    assert_eq!(
+        store.stats().live_keys,
+        (written.len() - killed.len()) as u64
+    );
+}

@@ -62,7 +62,9 @@ impl ColdTier {
                     .map(|(segment, published)| {
                         let from = spilled
                             .get(&segment.seq)
-                            .map_or(segment_header::LEN as u64, |s| s.covered_len);
+                            .map_or(segment_header::LEN as u64, |s| {
+                                s.covered_len.max(segment_header::LEN as u64)
+                            });
                         (segment, from, published)
                     })
                     .filter(|(_, from, published)| published > from)
@@ -78,7 +80,7 @@ impl ColdTier {
             }
         }
         while self.generations.read().len() > GENERATIONS_MAX {
-            self.merge_smallest_pair(log, now_ms, sync)?;
+            self.merge_smallest_pair(log, index, now_ms, sync)?;
             report.merges += 1;
         }
         Ok(report)
@@ -218,7 +220,13 @@ impl ColdTier {
     /// one that takes the newer's place (and a new number, above every other): entries
     /// of expired buckets are dropped, equal hashes all kept (a lookup resolves them
     /// by lsn). The counters of each segment row go with it.
-    fn merge_smallest_pair(&self, log: &Log, now_ms: u64, sync: bool) -> Result<(), Error> {
+    fn merge_smallest_pair(
+        &self,
+        log: &Log,
+        index: &Index,
+        now_ms: u64,
+        sync: bool,
+    ) -> Result<(), Error> {
         let (at, older, newer) = {
             let generations = self.generations.read();
             let at = (0..generations.len() - 1)
@@ -234,7 +242,11 @@ impl ColdTier {
         let mut segments = Vec::new();
         let mut counts = Vec::new();
         let mut row_of: HashMap<u64, u32> = HashMap::new();
-        let mut entries = Vec::new();
+        // Each entry with where it came from: its position in `older`, or in `newer`
+        // with the top bit set.
+        const NEWER: u64 = 1 << 63;
+        let mut entries: Vec<(ColdEntry, u64)> = Vec::new();
+        let mut origin = 0;
         for generation in [&older, &newer] {
             let mut remap = Vec::with_capacity(generation.sections.segments.len());
             for (row, segment) in generation.sections.segments.iter().enumerate() {
@@ -267,31 +279,59 @@ impl ColdTier {
                 .map_err(|e| Error::corruption(&generation.path, at, e.reason()))?;
                 let first = u64::from(number) * cold_index::PAGE_ENTRIES as u64;
                 entries.extend(page.iter().enumerate().filter_map(|(i, e)| {
-                    if generation.is_dead(first + i as u64) {
+                    let position = first + i as u64;
+                    if generation.is_dead(position) {
                         return None;
                     }
-                    remap[e.segment as usize].map(|segment| ColdEntry { segment, ..*e })
+                    let segment = remap[e.segment as usize]?;
+                    Some((ColdEntry { segment, ..*e }, origin | position))
                 }));
             }
+            origin = NEWER;
         }
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let merged = if entries.is_empty() {
             None
         } else {
+            // Sorted as the file holds them: an entry's position is its index here,
+            // and its origin rides beside it for the kills below.
             entries.sort_unstable();
-            Some(self.write(log.vfs(), number, &rows, &entries, segments, counts, sync)?)
+            let (entries, origins): (Vec<ColdEntry>, Vec<u64>) = entries.into_iter().unzip();
+            let merged = self.write(log.vfs(), number, &rows, &entries, segments, counts, sync)?;
+            Some((merged, origins))
         };
         {
             let mut generations = self.generations.write();
             debug_assert!(Arc::ptr_eq(&generations[at], &older));
             generations.remove(at + 1);
-            match merged {
-                Some(merged) => generations[at] = merged,
+            match &merged {
+                Some((merged, _)) => generations[at] = Arc::clone(merged),
                 None => {
                     generations.remove(at);
                 }
             }
             self.any.store(!generations.is_empty(), Ordering::Release);
+        }
+        if let Some((merged, origins)) = merged {
+            // A write that found its key in `older` or `newer` kills the entry there,
+            // under the key's shard lock, and maybe after the dead bits were read
+            // above. No lookup finds those two any more (the swap above waited for
+            // every lookup holding the list), so once each shard's lock was taken
+            // once, every such kill is done: carry them over. Until then the key's
+            // hot entry (written with the kill, under the same lock) shadows the
+            // merged entry; the reaper, the one other remover of hot entries, is
+            // this thread.
+            index.wait_for_writers();
+            #[cfg(feature = "planted-bugs")]
+            let carry = !crate::planted::planted("cold-merge-loses-kills");
+            #[cfg(not(feature = "planted-bugs"))]
+            let carry = true;
+            for (position, &origin) in origins.iter().enumerate() {
+                let from = if origin & NEWER != 0 { &newer } else { &older };
+                if carry && from.is_dead(origin & !NEWER) {
+                    merged.kill(position as u64);
+                }
+            }
         }
         self.merges.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(

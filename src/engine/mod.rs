@@ -275,8 +275,10 @@ impl Engine {
         let _reaping = self.expiry.pause();
         let (cold, dropped) = self.cold.expire(&self.index, now.0);
         self.expiry.count_forgotten(cold, dropped.len() as u64);
+        // The dropped generations' files go whatever the hot part met.
+        let removed = crate::cold::remove_files(&self.log, &dropped);
         let forgotten = hot? + cold;
-        crate::cold::remove_files(&self.log, &dropped)?;
+        removed?;
         if let Some(budget) = self.options.memory_budget {
             self.cold.enforce(
                 budget,

@@ -361,7 +361,12 @@ struct Shared {
     state: Mutex<State>,
     /// Mirrors `State::snapshots.len()` for cheap reads.
     snapshots_taken: AtomicU64,
+    /// Run before every `rename` (outside the state's lock): a test's way to act
+    /// inside a window of the store's own work (`SimVfs::before_rename`).
+    rename_hook: Mutex<Option<RenameHook>>,
 }
+
+type RenameHook = Arc<dyn Fn(&Path) + Send + Sync>;
 
 /// The in-memory file system. Clones share the same files.
 #[derive(Clone)]
@@ -404,6 +409,7 @@ impl SimVfs {
             shared: Arc::new(Shared {
                 state: Mutex::new(state),
                 snapshots_taken: AtomicU64::new(0),
+                rename_hook: Mutex::new(None),
             }),
         }
     }
@@ -417,6 +423,14 @@ impl SimVfs {
             .lock()
             .faults
             .push(Fault { kind, nth, forever });
+    }
+
+    /// Runs `hook` with the target path before every later `rename`, on the renaming
+    /// thread and outside the simulator's lock (it may call the store): a test's way
+    /// to act at a chosen point of a spill or a merge, which rename their files into
+    /// place just before publishing them.
+    pub fn before_rename(&self, hook: impl Fn(&Path) + Send + Sync + 'static) {
+        *self.shared.rename_hook.lock() = Some(Arc::new(hook));
     }
 
     /// Removes every injected fault (hits already recorded stay).
@@ -745,6 +759,10 @@ impl Vfs for SimVfs {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let hook = self.shared.rename_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(to);
+        }
         let mut state = self.enter(CallKind::Rename)?;
         if from.parent() != to.parent() {
             return Err(io::Error::other(
