@@ -19,6 +19,7 @@
 //! A store opened again rebuilds the index from the log (the generation files of the
 //! previous open are deleted at open): reusing them is the next step of issue 11.
 
+mod merge;
 mod spill;
 
 use std::path::PathBuf;
@@ -124,6 +125,14 @@ impl Generation {
 
     fn is_dead(&self, position: u64) -> bool {
         self.dead[(position / 64) as usize].load(Ordering::Acquire) & (1 << (position % 64)) != 0
+    }
+
+    /// The dead bits as they are now.
+    fn dead_snapshot(&self) -> Box<[u64]> {
+        self.dead
+            .iter()
+            .map(|w| w.load(Ordering::Acquire))
+            .collect()
     }
 
     /// The entry at `position` is no longer its key's newest record.

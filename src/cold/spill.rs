@@ -2,7 +2,6 @@
 //! generations, each written once to a temp file, synced, renamed into place and the
 //! directory synced before lookups see it; only then do the hot entries leave.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,7 +9,7 @@ use std::sync::atomic::Ordering;
 use super::{ColdTier, GENERATIONS_MAX, Generation, RowCounts, SpilledSegment};
 use crate::addr::Location;
 use crate::error::Error;
-use crate::format::cold_index::{self, ColdEntry, ColdSegment};
+use crate::format::cold_index::{self, ColdEntry, ColdSegment, ColdWriter};
 use crate::format::record::State;
 use crate::format::segment_header;
 use crate::index::{Index, KeyHash, StateCounts};
@@ -169,15 +168,17 @@ impl ColdTier {
             })
             .collect();
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let generation = self.write(
-            log.vfs(),
-            number,
-            &rows,
-            &entries,
-            segments.iter().map(|(s, _, _)| Arc::clone(s)).collect(),
-            counts,
-            sync,
-        )?;
+        let generation = self
+            .write(
+                log.vfs(),
+                number,
+                &rows,
+                segments.iter().map(|(s, _, _)| Arc::clone(s)).collect(),
+                counts,
+                sync,
+                |push| entries.iter().try_for_each(|&entry| push(entry)),
+            )?
+            .expect("a spill writes one entry or more");
         self.generations.write().push(Arc::clone(&generation));
         self.any.store(true, Ordering::Release);
         {
@@ -216,165 +217,73 @@ impl ColdTier {
         Ok(moved)
     }
 
-    /// Merges the two adjacent generations with the fewest entries between them into
-    /// one that takes the newer's place (and a new number, above every other): entries
-    /// of expired buckets are dropped, equal hashes all kept (a lookup resolves them
-    /// by lsn). The counters of each segment row go with it.
-    fn merge_smallest_pair(
-        &self,
-        log: &Log,
-        index: &Index,
-        now_ms: u64,
-        sync: bool,
-    ) -> Result<(), Error> {
-        let (at, older, newer) = {
-            let generations = self.generations.read();
-            let at = (0..generations.len() - 1)
-                .min_by_key(|&i| generations[i].entry_count() + generations[i + 1].entry_count())
-                .expect("more than GENERATIONS_MAX generations");
-            (
-                at,
-                Arc::clone(&generations[at]),
-                Arc::clone(&generations[at + 1]),
-            )
-        };
-        let mut rows = Vec::new();
-        let mut segments = Vec::new();
-        let mut counts = Vec::new();
-        let mut row_of: HashMap<u64, u32> = HashMap::new();
-        // Each entry with where it came from: its position in `older`, or in `newer`
-        // with the top bit set.
-        const NEWER: u64 = 1 << 63;
-        let mut entries: Vec<(ColdEntry, u64)> = Vec::new();
-        let mut origin = 0;
-        for generation in [&older, &newer] {
-            let mut remap = Vec::with_capacity(generation.sections.segments.len());
-            for (row, segment) in generation.sections.segments.iter().enumerate() {
-                if segment.bucket_deadline_ms <= now_ms {
-                    remap.push(None);
-                    continue;
-                }
-                let merged = *row_of.entry(segment.seq).or_insert_with(|| {
-                    rows.push(*segment);
-                    segments.push(Arc::clone(&generation.segments[row]));
-                    counts.push(Arc::clone(&generation.counts[row]));
-                    (rows.len() - 1) as u32
-                });
-                let kept: &mut ColdSegment = &mut rows[merged as usize];
-                kept.covered_len = kept.covered_len.max(segment.covered_len);
-                remap.push(Some(merged));
-            }
-            let mut page = Vec::new();
-            for number in 0..generation.header.page_count {
-                let at = generation.header.page_offset(number);
-                page.clear();
-                let bytes = generation.file.read(at, cold_index::PAGE_LEN);
-                cold_index::decode_page(
-                    &generation.header,
-                    &generation.sections,
-                    number,
-                    bytes,
-                    &mut page,
-                )
-                .map_err(|e| Error::corruption(&generation.path, at, e.reason()))?;
-                let first = u64::from(number) * cold_index::PAGE_ENTRIES as u64;
-                entries.extend(page.iter().enumerate().filter_map(|(i, e)| {
-                    let position = first + i as u64;
-                    if generation.is_dead(position) {
-                        return None;
-                    }
-                    let segment = remap[e.segment as usize]?;
-                    Some((ColdEntry { segment, ..*e }, origin | position))
-                }));
-            }
-            origin = NEWER;
-        }
-        let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let merged = if entries.is_empty() {
-            None
-        } else {
-            // Sorted as the file holds them: an entry's position is its index here,
-            // and its origin rides beside it for the kills below.
-            entries.sort_unstable();
-            let (entries, origins): (Vec<ColdEntry>, Vec<u64>) = entries.into_iter().unzip();
-            let merged = self.write(log.vfs(), number, &rows, &entries, segments, counts, sync)?;
-            Some((merged, origins))
-        };
-        {
-            let mut generations = self.generations.write();
-            debug_assert!(Arc::ptr_eq(&generations[at], &older));
-            generations.remove(at + 1);
-            match &merged {
-                Some((merged, _)) => generations[at] = Arc::clone(merged),
-                None => {
-                    generations.remove(at);
-                }
-            }
-            self.any.store(!generations.is_empty(), Ordering::Release);
-        }
-        if let Some((merged, origins)) = merged {
-            // A write that found its key in `older` or `newer` kills the entry there,
-            // under the key's shard lock, and maybe after the dead bits were read
-            // above. No lookup finds those two any more (the swap above waited for
-            // every lookup holding the list), so once each shard's lock was taken
-            // once, every such kill is done: carry them over. Until then the key's
-            // hot entry (written with the kill, under the same lock) shadows the
-            // merged entry; the reaper, the one other remover of hot entries, is
-            // this thread.
-            index.wait_for_writers();
-            #[cfg(feature = "planted-bugs")]
-            let carry = !crate::planted::planted("cold-merge-loses-kills");
-            #[cfg(not(feature = "planted-bugs"))]
-            let carry = true;
-            for (position, &origin) in origins.iter().enumerate() {
-                let from = if origin & NEWER != 0 { &newer } else { &older };
-                if carry && from.is_dead(origin & !NEWER) {
-                    merged.kill(position as u64);
-                }
-            }
-        }
-        self.merges.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            older = older.number,
-            newer = newer.number,
-            into = number,
-            "merged two cold generations"
-        );
-        remove_files(log, &[older, newer])
-    }
-
     /// Writes generation `number` (temp file, sync, rename, directory sync) and opens
-    /// it for lookups.
+    /// it for lookups: `fill` pushes its entries in key-hash order, each written as
+    /// its page fills (the file is never whole in RAM). `None` if `fill` pushed none
+    /// (no file is left).
     #[allow(clippy::too_many_arguments)]
-    fn write(
+    pub(super) fn write(
         &self,
         vfs: &dyn Vfs,
         number: u64,
         rows: &[ColdSegment],
-        entries: &[ColdEntry],
         segments: Vec<Arc<Segment>>,
         counts: Vec<Arc<RowCounts>>,
         sync: bool,
-    ) -> Result<Arc<Generation>, Error> {
-        let bytes = cold_index::encode(number, rows, entries);
+        fill: impl FnOnce(&mut dyn FnMut(ColdEntry) -> Result<(), Error>) -> Result<(), Error>,
+    ) -> Result<Option<Arc<Generation>>, Error> {
+        const OP: &str = "writing a cold index file";
         let path = self.dir.join(crate::layout::cold_file_name(number));
         let temp = temp_path(&path);
-        const OP: &str = "writing a cold index file";
-        let written = crate::io::replace_file(vfs, &self.dir, &temp, &path, &bytes, sync);
-        if let Err((e, at)) = written {
-            let _ = vfs.remove(&temp);
-            let _ = vfs.remove(&path);
-            return Err(Error::io(OP, at, e));
-        }
-        let file = vfs
-            .open_segment(&path)
-            .map_err(|e| Error::io("opening a cold index file", &path, e))?;
-        let header = cold_index::decode_header(&bytes)
-            .map_err(|e| Error::corruption(&path, 0, e.reason()))?;
-        let sections =
-            cold_index::decode_sections(&header, &bytes[header.sections_offset() as usize..])
-                .map_err(|e| Error::corruption(&path, header.sections_offset(), e.reason()))?;
-        Ok(Arc::new(Generation {
+        let written = (|| {
+            let file = vfs
+                .open_append(&temp)
+                .map_err(|e| Error::io(OP, &temp, e))?;
+            file.set_len(0).map_err(|e| Error::io(OP, &temp, e))?;
+            let sink = |at: u64, bytes: &[u8]| file.write_at(at, bytes);
+            let mut writer = ColdWriter::new(sink, cold_index::PART_KEYS);
+            fill(&mut |entry| writer.push(entry).map_err(|e| Error::io(OP, &temp, e)))?;
+            let done = writer
+                .finish(number, rows)
+                .map_err(|e| Error::io(OP, &temp, e))?;
+            if done.is_some() && sync {
+                file.sync_data().map_err(|e| Error::io(OP, &temp, e))?;
+            }
+            Ok(done)
+        })();
+        let (header, sections) = match written {
+            Ok(Some(done)) => done,
+            Ok(None) => {
+                let _ = vfs.remove(&temp);
+                return Ok(None);
+            }
+            Err(e) => {
+                let _ = vfs.remove(&temp);
+                return Err(e);
+            }
+        };
+        let published = vfs
+            .rename(&temp, &path)
+            .map_err(|e| Error::io(OP, &path, e))
+            .and_then(|()| match sync {
+                true => vfs
+                    .sync_dir(&self.dir)
+                    .map_err(|e| Error::io("syncing directory", &self.dir, e)),
+                false => Ok(()),
+            })
+            .and_then(|()| {
+                vfs.open_segment(&path)
+                    .map_err(|e| Error::io("opening a cold index file", &path, e))
+            });
+        let file = match published {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = vfs.remove(&temp);
+                let _ = vfs.remove(&path);
+                return Err(e);
+            }
+        };
+        Ok(Some(Arc::new(Generation {
             number,
             path,
             header,
@@ -383,7 +292,7 @@ impl ColdTier {
             segments,
             counts: counts.into_boxed_slice(),
             dead: super::dead_bits(header.entry_count),
-        }))
+        })))
     }
 }
 

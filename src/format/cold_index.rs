@@ -7,14 +7,14 @@
 //! page 0: the header (64 bytes), then zeros to 4096
 //! offset size field
 //! 0      8    magic          b"IDEMCOLD"
-//! 8      4    version        1
+//! 8      4    version        2
 //! 12     4    header_len     64
 //! 16     8    generation     spill order: higher is newer
 //! 24     4    segment_count  entries of the segment table (1 or more)
 //! 28     4    page_count     entry pages (1 or more)
 //! 32     8    entry_count    entries in all pages
 //! 40     4    filter_len     bytes of the filter section (0: no filter)
-//! 44     1    filter_kind    0 none (every lookup reads pages), 1 binary fuse 8
+//! 44     1    filter_kind    2 filter parts (the only kind written and read)
 //! 45     3    reserved       zero
 //! 48     8    reserved       zero
 //! 56     8    checksum       xxh3-64 of bytes 0..56
@@ -32,9 +32,12 @@
 //! then the sections, each followed by an 8-byte xxh3-64 of its bytes:
 //! segment table  segment_count × (segment_seq u64, bucket_deadline u64,
 //!                covered_len u64: the segment's length the entries cover)
-//! filter         filter_len bytes (cold_index::filter::ColdFilter): u64 seed,
-//!                u32 segment_length, u32 mask, u32 segment_count_length, then
-//!                the 8-bit fingerprints
+//! filter         filter_len bytes (cold_index::filter::FilterParts): u32 part
+//!                count, then per part (up to 2^22 distinct hashes each, in hash
+//!                order): u64 first key hash, u8 kind (0 none: every probe says
+//!                maybe, 1 binary fuse 8), 3 zero bytes, u32 length, then for kind 1
+//!                u64 seed, u32 segment_length, u32 mask, u32 segment_count_length
+//!                and the 8-bit fingerprints
 //! fences         page_count × u64: the first key hash of each page
 //! ```
 //!
@@ -46,22 +49,28 @@
 
 use super::{read_u32, read_u64};
 mod filter;
+mod write;
 
-pub(crate) use filter::ColdFilter;
+pub(crate) use filter::{FilterBuilder, FilterParts, PART_KEYS};
+pub(crate) use write::{ColdWriter, encode};
+#[cfg(test)]
+use write::{encode_in_parts, encode_page};
 
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMCOLD";
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
+/// The header's `filter_kind`: filter parts.
+pub(crate) const FILTER_PARTS: u8 = 2;
 /// The unit of the file: the header's page and each entry page.
 pub(crate) const PAGE_LEN: usize = 4096;
 pub(crate) const HEADER_LEN: usize = 64;
 pub(crate) const ENTRY_LEN: usize = 16;
 /// Entries in a full page.
 pub(crate) const PAGE_ENTRIES: usize = 255;
-const PAGE_COUNT_OFFSET: usize = PAGE_LEN - 16;
-const PAGE_CHECKSUM_OFFSET: usize = PAGE_LEN - 8;
+pub(crate) const PAGE_COUNT_OFFSET: usize = PAGE_LEN - 16;
+pub(crate) const PAGE_CHECKSUM_OFFSET: usize = PAGE_LEN - 8;
 const _: () = assert!(PAGE_ENTRIES * ENTRY_LEN <= PAGE_COUNT_OFFSET);
-const SEGMENT_LEN: usize = 24;
-const CHECKSUM_LEN: usize = 8;
+pub(crate) const SEGMENT_LEN: usize = 24;
+pub(crate) const CHECKSUM_LEN: usize = 8;
 
 /// One index entry: where the record of a key with this hash lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -98,7 +107,7 @@ impl Header {
         (1 + u64::from(self.page_count)) * PAGE_LEN as u64
     }
 
-    fn sections_len(&self) -> u64 {
+    pub(crate) fn sections_len(&self) -> u64 {
         u64::from(self.segment_count) * SEGMENT_LEN as u64
             + u64::from(self.filter_len)
             + u64::from(self.page_count) * 8
@@ -133,90 +142,8 @@ impl ColdError {
     }
 }
 
-fn checksum(bytes: &[u8]) -> u64 {
+pub(crate) fn checksum(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
-}
-
-/// Encodes a whole file. `entries` must be sorted by key hash (then anything), every
-/// `segment` a position in `segments`; neither may be empty.
-pub(crate) fn encode(generation: u64, segments: &[ColdSegment], entries: &[ColdEntry]) -> Vec<u8> {
-    assert!(!segments.is_empty() && !entries.is_empty());
-    debug_assert!(entries.windows(2).all(|w| w[0].key_hash <= w[1].key_hash));
-    debug_assert!(
-        entries
-            .iter()
-            .all(|e| (e.segment as usize) < segments.len())
-    );
-    let pages: Vec<&[ColdEntry]> = entries.chunks(PAGE_ENTRIES).collect();
-    let hashes: Vec<u64> = entries.iter().map(|e| e.key_hash).collect();
-    let filter = ColdFilter::build(&hashes);
-    let header = Header {
-        generation,
-        segment_count: u32::try_from(segments.len()).expect("segments fit u32"),
-        page_count: u32::try_from(pages.len()).expect("pages fit u32"),
-        entry_count: entries.len() as u64,
-        filter_len: u32::try_from(filter.bytes()).expect("a filter fits u32"),
-        filter_kind: filter.kind(),
-    };
-    let mut out = Vec::with_capacity(header.file_len() as usize);
-    out.extend_from_slice(&encode_header(&header));
-    out.resize(PAGE_LEN, 0);
-    for page in &pages {
-        out.extend_from_slice(&encode_page(page));
-    }
-    let start = out.len();
-    for segment in segments {
-        out.extend_from_slice(&segment.seq.to_le_bytes());
-        out.extend_from_slice(&segment.bucket_deadline_ms.to_le_bytes());
-        out.extend_from_slice(&segment.covered_len.to_le_bytes());
-    }
-    let sum = checksum(&out[start..]);
-    out.extend_from_slice(&sum.to_le_bytes());
-    let start = out.len();
-    filter.encode_into(&mut out);
-    let sum = checksum(&out[start..]);
-    out.extend_from_slice(&sum.to_le_bytes());
-    let start = out.len();
-    for page in &pages {
-        out.extend_from_slice(&page[0].key_hash.to_le_bytes());
-    }
-    let sum = checksum(&out[start..]);
-    out.extend_from_slice(&sum.to_le_bytes());
-    debug_assert_eq!(out.len() as u64, header.file_len());
-    out
-}
-
-pub(crate) fn encode_header(header: &Header) -> [u8; HEADER_LEN] {
-    let mut out = [0u8; HEADER_LEN];
-    out[0..8].copy_from_slice(&MAGIC);
-    out[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    out[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
-    out[16..24].copy_from_slice(&header.generation.to_le_bytes());
-    out[24..28].copy_from_slice(&header.segment_count.to_le_bytes());
-    out[28..32].copy_from_slice(&header.page_count.to_le_bytes());
-    out[32..40].copy_from_slice(&header.entry_count.to_le_bytes());
-    out[40..44].copy_from_slice(&header.filter_len.to_le_bytes());
-    out[44] = header.filter_kind;
-    let sum = checksum(&out[..56]);
-    out[56..64].copy_from_slice(&sum.to_le_bytes());
-    out
-}
-
-/// One entry page: `entries` (1 to 255 of them), sorted.
-pub(crate) fn encode_page(entries: &[ColdEntry]) -> [u8; PAGE_LEN] {
-    assert!(!entries.is_empty() && entries.len() <= PAGE_ENTRIES);
-    let mut out = [0u8; PAGE_LEN];
-    for (i, entry) in entries.iter().enumerate() {
-        let at = i * ENTRY_LEN;
-        out[at..at + 8].copy_from_slice(&entry.key_hash.to_le_bytes());
-        out[at + 8..at + 12].copy_from_slice(&entry.segment.to_le_bytes());
-        out[at + 12..at + 16].copy_from_slice(&entry.offset.to_le_bytes());
-    }
-    out[PAGE_COUNT_OFFSET..PAGE_COUNT_OFFSET + 4]
-        .copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    let sum = checksum(&out[..PAGE_CHECKSUM_OFFSET]);
-    out[PAGE_CHECKSUM_OFFSET..].copy_from_slice(&sum.to_le_bytes());
-    out
 }
 
 /// Decodes and verifies the header at the start of `bytes`.
@@ -257,7 +184,7 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sections {
     pub segments: Vec<ColdSegment>,
-    pub filter: ColdFilter,
+    pub filter: FilterParts,
     /// The first key hash of each page.
     pub fences: Vec<u64>,
 }
@@ -300,9 +227,12 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
             covered_len: read_u64(s, 16),
         })
         .collect();
-    let filter = ColdFilter::decode(header.filter_kind, filter).ok_or(ColdError::Invalid(
-        "cold index filter does not fit its fingerprints",
-    ))?;
+    let filter = (header.filter_kind == FILTER_PARTS)
+        .then(|| FilterParts::decode(filter))
+        .flatten()
+        .ok_or(ColdError::Invalid(
+            "cold index filter does not fit its fingerprints",
+        ))?;
     let fences: Vec<u64> = fences.chunks_exact(8).map(|f| read_u64(f, 0)).collect();
     if fences.windows(2).any(|w| w[0] > w[1]) {
         return Err(ColdError::Invalid("cold index fences out of order"));
@@ -517,7 +447,7 @@ pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, ColdError> {
     // The filter must be the one the entries make: a filter that misses an entry is a
     // wrong answer (a duplicate taken for a fresh key), whatever its checksum says.
     let hashes: Vec<u64> = entries.iter().map(|e| e.key_hash).collect();
-    if ColdFilter::build(&hashes) != sections.filter {
+    if !sections.filter.is_built_from(&hashes) {
         return Err(ColdError::Invalid(
             "cold index filter is not its entries' filter",
         ));

@@ -52,7 +52,13 @@ impl ColdFilter {
         debug_assert!(sorted.windows(2).all(|w| w[0] <= w[1]));
         let mut distinct = sorted.to_vec();
         distinct.dedup();
-        match BinaryFuse8::try_from(&distinct) {
+        ColdFilter::build_distinct(&distinct)
+    }
+
+    /// The filter of `distinct` key hashes (ascending, no two equal).
+    fn build_distinct(distinct: &[u64]) -> ColdFilter {
+        debug_assert!(distinct.windows(2).all(|w| w[0] < w[1]));
+        match BinaryFuse8::try_from(distinct) {
             Ok(filter) => ColdFilter::Fuse(filter),
             Err(why) => {
                 tracing::warn!(
@@ -125,6 +131,176 @@ impl ColdFilter {
                 })
             }
             _ => None,
+        }
+    }
+}
+
+/// Distinct key hashes per filter part: a part is built from at most this many, so
+/// building a generation's filter never holds more than one part's keys and xorf's
+/// construction arrays (about 30 bytes a key) at once, whatever the generation's size.
+pub(crate) const PART_KEYS: usize = 1 << 22;
+
+/// Bytes before each part's filter in the section: its first key hash (u64), its kind
+/// (u8), three zero bytes and its length (u32).
+const PART_HEADER_LEN: usize = 16;
+
+/// A generation's filter: one binary fuse filter per run of up to [`PART_KEYS`]
+/// distinct key hashes, in hash order. A probe binary-searches the parts' first hashes
+/// (a handful for the largest generations) and probes one filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FilterParts {
+    /// Each part's first key hash, ascending: part `i` covers `firsts[i]` up to the
+    /// next part's first.
+    firsts: Vec<u64>,
+    parts: Vec<ColdFilter>,
+}
+
+impl FilterParts {
+    /// The filter of `sorted` key hashes (ascending; equal ones are taken once), in
+    /// parts of `part_keys` distinct hashes.
+    pub(crate) fn build(sorted: &[u64], part_keys: usize) -> FilterParts {
+        let mut builder = FilterBuilder::new(part_keys);
+        for &hash in sorted {
+            builder.push(hash);
+        }
+        builder.finish()
+    }
+
+    /// False: `key_hash` is not in the generation. True: it may be.
+    #[inline]
+    pub(crate) fn may_contain(&self, key_hash: u64) -> bool {
+        match self.firsts.partition_point(|&first| first <= key_hash) {
+            0 => false,
+            i => self.parts[i - 1].may_contain(key_hash),
+        }
+    }
+
+    /// Bytes of memory the parts take.
+    pub(crate) fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.bytes() + 8).sum()
+    }
+
+    /// The section's length in the file.
+    pub(crate) fn encoded_len(&self) -> usize {
+        4 + self
+            .parts
+            .iter()
+            .map(|p| PART_HEADER_LEN + p.bytes())
+            .sum::<usize>()
+    }
+
+    /// The section, a piece at a time (a part's fingerprints are one piece): u32 part
+    /// count, then per part its first hash, kind, three zeros, length and filter.
+    pub(crate) fn encode(&self, mut out: impl FnMut(&[u8])) {
+        out(&(self.parts.len() as u32).to_le_bytes());
+        let mut bytes = Vec::new();
+        for (first, part) in self.firsts.iter().zip(&self.parts) {
+            bytes.clear();
+            part.encode_into(&mut bytes);
+            let mut head = [0u8; PART_HEADER_LEN];
+            head[0..8].copy_from_slice(&first.to_le_bytes());
+            head[8] = part.kind();
+            head[12..16].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out(&head);
+            out(&bytes);
+        }
+    }
+
+    /// Whether these are the parts `sorted` hashes make, split where these split (a
+    /// whole-file check: a filter that misses an entry would take a duplicate for a
+    /// fresh key, whatever its checksum says).
+    pub(crate) fn is_built_from(&self, sorted: &[u64]) -> bool {
+        if sorted.first() != self.firsts.first() {
+            return false;
+        }
+        let mut rest = sorted;
+        for (i, part) in self.parts.iter().enumerate() {
+            let end = self
+                .firsts
+                .get(i + 1)
+                .map_or(rest.len(), |&next| rest.partition_point(|&h| h < next));
+            if rest.first() != Some(&self.firsts[i]) || ColdFilter::build(&rest[..end]) != *part {
+                return false;
+            }
+            rest = &rest[end..];
+        }
+        rest.is_empty()
+    }
+
+    /// The parts from their section; `None` unless every part decodes, the first
+    /// hashes ascend strictly and the section ends with the last part.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<FilterParts> {
+        if bytes.len() < 4 {
+            return None;
+        }
+        let count = read_u32(bytes, 0) as usize;
+        if count > (bytes.len() - 4) / PART_HEADER_LEN {
+            return None;
+        }
+        let (mut firsts, mut parts) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        let mut at = 4;
+        for _ in 0..count {
+            let head = bytes.get(at..at + PART_HEADER_LEN)?;
+            let (first, kind, len) = (read_u64(head, 0), head[8], read_u32(head, 12) as usize);
+            if head[9..12] != [0, 0, 0] || firsts.last().is_some_and(|&last| last >= first) {
+                return None;
+            }
+            at += PART_HEADER_LEN;
+            let body = bytes.get(at..at.checked_add(len)?)?;
+            parts.push(ColdFilter::decode(kind, body)?);
+            firsts.push(first);
+            at += len;
+        }
+        (at == bytes.len()).then_some(FilterParts { firsts, parts })
+    }
+}
+
+/// Builds a generation's [`FilterParts`] as its key hashes arrive in ascending order.
+pub(crate) struct FilterBuilder {
+    part_keys: usize,
+    firsts: Vec<u64>,
+    parts: Vec<ColdFilter>,
+    /// The current part's distinct hashes.
+    pending: Vec<u64>,
+}
+
+impl FilterBuilder {
+    pub(crate) fn new(part_keys: usize) -> FilterBuilder {
+        assert!(part_keys > 0);
+        FilterBuilder {
+            part_keys,
+            firsts: Vec::new(),
+            parts: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// The next key hash (not below the last one).
+    pub(crate) fn push(&mut self, hash: u64) {
+        match self.pending.last() {
+            Some(&last) if last == hash => return,
+            Some(&last) => debug_assert!(last < hash),
+            None => debug_assert!(self.firsts.last().is_none_or(|&f| f < hash)),
+        }
+        if self.pending.len() == self.part_keys {
+            self.seal();
+        }
+        self.pending.push(hash);
+    }
+
+    fn seal(&mut self) {
+        if let Some(&first) = self.pending.first() {
+            self.parts.push(ColdFilter::build_distinct(&self.pending));
+            self.firsts.push(first);
+            self.pending.clear();
+        }
+    }
+
+    pub(crate) fn finish(mut self) -> FilterParts {
+        self.seal();
+        FilterParts {
+            firsts: self.firsts,
+            parts: self.parts,
         }
     }
 }

@@ -81,6 +81,53 @@ fn a_file_round_trips_and_every_key_is_found_through_filter_and_fences() {
     }
 }
 
+/// A filter in parts (a few distinct hashes each here, 2^22 in a store) finds every
+/// key through its part, survives the whole-file check, and a part taken from another
+/// file (checksum made valid) is refused by it.
+#[test]
+fn a_filter_in_parts_finds_every_key_and_is_checked_part_by_part() {
+    let mut written = entries(5_000, 6);
+    // Equal hashes never straddle two parts.
+    for entry in written.iter_mut().skip(999).take(5) {
+        entry.key_hash = written_hash(999);
+    }
+    written.sort();
+    let bytes = encode_in_parts(3, &SEGMENTS, &written, 1_000);
+    let opened = open(&bytes).unwrap();
+    let decoded = decode_file(&bytes).unwrap();
+    assert_eq!(decoded.entries, written);
+    for entry in &written {
+        assert!(opened.sections.filter.may_contain(entry.key_hash));
+        assert!(find_in(&bytes, &opened, entry.key_hash).contains(entry));
+    }
+    assert!(
+        !opened.sections.filter.may_contain(0),
+        "below the first part"
+    );
+    let other = encode_in_parts(3, &SEGMENTS, &entries(5_000, 7), 1_000);
+    assert_eq!(other.len(), bytes.len());
+    let header = opened.header;
+    let start = header.sections_offset() as usize + SEGMENTS.len() * 24 + 8;
+    let end = start + header.filter_len as usize;
+    let mut spliced = bytes.clone();
+    // The second part's fingerprints, from the other file (same sizes, other keys).
+    let part = 4 + 16 + (header.filter_len as usize - 4) / 5;
+    let len = 200;
+    spliced[start + part..start + part + len]
+        .copy_from_slice(&other[start + part..start + part + len]);
+    let sum = checksum(&spliced[start..end]);
+    spliced[end..end + 8].copy_from_slice(&sum.to_le_bytes());
+    assert!(open(&spliced).is_ok(), "the section still decodes");
+    assert_eq!(
+        decode_file(&spliced).unwrap_err(),
+        ColdError::Invalid("cold index filter is not its entries' filter")
+    );
+}
+
+fn written_hash(i: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), 6)
+}
+
 #[test]
 fn equal_hashes_across_a_page_boundary_are_all_found() {
     // 300 entries of one hash between others: they span pages 0 and 1 (and the
