@@ -82,6 +82,9 @@ impl ColdTier {
             self.merge_smallest_pair(log, index, now_ms, sync)?;
             report.merges += 1;
         }
+        if report.buckets + report.merges > 0 {
+            release_free_memory();
+        }
         Ok(report)
     }
 
@@ -312,6 +315,20 @@ fn live_buckets_after(log: &Log, now_ms: u64) -> Vec<Vec<(Arc<Segment>, u64)>> {
                 .collect()
         })
         .collect()
+}
+
+/// Hands the allocator's free memory back to the system after a spill or a merge: the
+/// entries, filter construction arrays and page buffers they freed sit between the
+/// filters they kept, and glibc returns heap memory only from its top unless asked
+/// (measured: 5.1–5.9 B/key of anonymous RSS after spilling 20M keys without this,
+/// against 1.28 B/key the tier keeps).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the allocator's own arenas to the
+    // system; it touches no allocation in use and has no precondition.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn temp_path(path: &Path) -> PathBuf {
