@@ -1,19 +1,18 @@
 //! The cold tier (`memory_budget`) against the all-in-RAM index, side by side in one run:
 //! N fresh 16-byte keys from 2 threads, then duplicates of keys spread over all of them
 //! (spilled ones, with the budget), then fresh keys that probe every generation, then the
-//! open of the store after it was dropped (the cold files are deleted and the log
-//! replayed: reuse is not built yet). Reports anonymous RSS per key (`/proc/self/status`),
+//! open after a clean close (the generation files reused: duplicates with the page
+//! cache dropped, when root, then warm), then the open after a crash (no CHECKPOINT or
+//! COLD_STATE: the log replayed). Reports anonymous RSS per key (`/proc/self/status`),
 //! its peak (sampled every 5 ms by a thread), the hot tables' and the generations' bytes
 //! per key, disk per key, rates, and call latency (p50 / p99 / p999).
 //!
 //! ```sh
-//! cargo run --release --example cold_bench -- [keys] [budget MiB] [dir]
-//! # default: 20 000 000 keys, a 16 MiB budget, a temp dir under /tmp
+//! cargo run --release --example cold_bench -- [keys] [budget MiB] [dir] [budget-only]
+//! # default: 20 000 000 keys, a 16 MiB budget, a temp dir under /tmp, both sides
 //! ```
 //!
-//! Each configuration runs in a child process of its own, so its RSS is its alone. No
-//! cold-page-cache figure: the store maps its files, and the kernel keeps mapped pages
-//! through `drop_caches`; it needs an open that reuses the cold files (not built yet).
+//! Each configuration runs in a child process of its own, so its RSS is its alone.
 
 use std::time::{Duration, Instant};
 
@@ -200,17 +199,71 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
     drop(ns);
     store.close().unwrap();
     drop(store);
+    // A clean close wrote CHECKPOINT and (with generations) COLD_STATE: the open takes
+    // the generation files over. With the page cache dropped first (root only), the
+    // first duplicates read their pages from disk.
+    let cold_cache = drop_page_cache();
     peak.take();
     let started = Instant::now();
     let store = open();
     let opened = started.elapsed();
-    let replayed = store.stats().records_replayed;
-    store.expire_now().unwrap();
+    let stats = store.stats();
     println!(
-        "  reopen {opened:.2?} ({replayed} records replayed; peak anonymous RSS {:.2} B/key: the whole index in RAM once); after the first spill {:.2} B/key",
+        "  reopen after a clean close {opened:.2?} ({} generations reused, {} records replayed; peak anonymous RSS {:.2} B/key), then {:.2} B/key",
+        stats.cold.reused_at_open,
+        stats.records_replayed,
         peak.take() as f64 / (keys + more) as f64,
         status("RssAnon:") as f64 / (keys + more) as f64
     );
+    let ns = store
+        .namespace("bench", Policy::ttl(Duration::from_secs(24 * 3600)))
+        .unwrap();
+    let duplicate = |i: u64| {
+        assert!(matches!(
+            ns.check_and_set(key(spread(i))).unwrap(),
+            Outcome::Duplicate(_)
+        ));
+    };
+    let first = if cold_cache {
+        "duplicates after it, cold page cache"
+    } else {
+        "duplicates after it (page cache not dropped: not root)"
+    };
+    report(first, dups, &run(dups..2 * dups, 1, duplicate));
+    report(
+        "the same keys again, warm page cache",
+        dups,
+        &run(dups..2 * dups, 1, duplicate),
+    );
+    drop(ns);
+    store.close().unwrap();
+    drop(store);
+    // What an open after kill -9 finds: no CHECKPOINT, no COLD_STATE.
+    for name in ["CHECKPOINT", "COLD_STATE"] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    peak.take();
+    let started = Instant::now();
+    let store = open();
+    let opened = started.elapsed();
+    let stats = store.stats();
+    store.expire_now().unwrap();
+    println!(
+        "  reopen after a crash {opened:.2?} ({} records replayed, {} cold files rebuilt; peak anonymous RSS {:.2} B/key: the whole index in RAM once); after the first spill {:.2} B/key",
+        stats.records_replayed,
+        stats.cold.rebuilt_at_open,
+        peak.take() as f64 / (keys + more) as f64,
+        status("RssAnon:") as f64 / (keys + more) as f64
+    );
+}
+
+/// Drops the kernel's clean page cache (needs root); whether it did.
+fn drop_page_cache() -> bool {
+    // `sync` first, so that dirty pages are clean and can be dropped.
+    let synced = std::process::Command::new("sync")
+        .status()
+        .is_ok_and(|s| s.success());
+    synced && std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
 fn main() {
@@ -231,7 +284,12 @@ fn main() {
     let keys: u64 = args.next().map_or(20_000_000, |a| a.parse().unwrap());
     let budget_mib: u64 = args.next().map_or(16, |a| a.parse().unwrap());
     let base = args.next().map_or_else(std::env::temp_dir, Into::into);
-    for budget in [budget_mib << 20, 0] {
+    // `budget-only`: skip the all-in-RAM side (beyond the RAM its replay needs).
+    let configs: &[u64] = match args.next().as_deref() {
+        Some("budget-only") => &[budget_mib << 20],
+        _ => &[budget_mib << 20, 0],
+    };
+    for &budget in configs {
         let dir = tempfile::tempdir_in(&base).unwrap();
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .env(

@@ -82,7 +82,8 @@ pub(crate) fn write(
     vfs: &dyn Vfs,
     namespace_count: usize,
     sync: bool,
-) -> Result<(), Error> {
+    cold_counts: Option<&[[u64; checkpoint::STATES]]>,
+) -> Result<Option<u64>, Error> {
     let started = std::time::Instant::now();
     let dir = log.dir();
     let table = log.table.read();
@@ -93,7 +94,7 @@ pub(crate) fn write(
             segments = segments.len(),
             "too many segments for an index checkpoint; the next open replays the log"
         );
-        return Ok(());
+        return Ok(None);
     }
     if sync {
         // The trims of `seal_all` change the files' lengths: make them durable, so
@@ -132,8 +133,16 @@ pub(crate) fn write(
     }
     let mut encoder = checkpoint::Encoder::new(index.shard_count(), namespace_count, &infos, 0);
     let mut unlisted = false;
-    for shard in index.shards() {
+    for (i, shard) in index.shards().enumerate() {
         let shard = shard.lock();
+        // The hot keys' counts: the cold tier's keys are in the shard's counts too,
+        // and go to COLD_STATE (which the next open adds back).
+        let mut counts = shard.counts.counts;
+        if let Some(cold) = cold_counts {
+            for (count, cold) in counts.iter_mut().zip(cold[i]) {
+                *count = count.saturating_sub(cold);
+            }
+        }
         let entries = shard.entries().map(|(fingerprint, location)| {
             let segment = position
                 .get(location.slot.0 as usize)
@@ -146,13 +155,13 @@ pub(crate) fn write(
                 offset: location.offset,
             }
         });
-        encoder.shard(shard.lsn_counter(), shard.counts.counts, entries);
+        encoder.shard(shard.lsn_counter(), counts, entries);
     }
     drop(table);
     if unlisted {
         // Never expected: every entry points into a segment of the table.
         tracing::error!("an index entry names no known segment; not writing a checkpoint");
-        return Ok(());
+        return Ok(None);
     }
     let bytes = encoder.finish();
     let temp = dir.join(crate::layout::CHECKPOINT_TEMP);
@@ -170,7 +179,7 @@ pub(crate) fn write(
         ms = started.elapsed().as_millis() as u64,
         "wrote the index checkpoint"
     );
-    Ok(())
+    Ok(Some(xxhash_rust::xxh3::xxh3_64(&bytes)))
 }
 
 /// Reads the checkpoint, if the directory listing `names` has one, and leaves it in
@@ -178,21 +187,7 @@ pub(crate) fn write(
 /// matches at the next open). `None` if there is none or it could not be read
 /// (logged: the log is replayed).
 pub(crate) fn read(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Option<Vec<u8>> {
-    if !names.iter().any(|n| n == crate::layout::CHECKPOINT) {
-        return None;
-    }
-    let path = dir.join(crate::layout::CHECKPOINT);
-    match vfs.read_file(&path) {
-        Ok(read) => read,
-        Err(e) => {
-            tracing::warn!(
-                file = %path.display(),
-                error = %e,
-                "could not read the index checkpoint; replaying the log"
-            );
-            None
-        }
-    }
+    read_named(vfs, dir, names, crate::layout::CHECKPOINT)
 }
 
 /// Reads the checkpoint, if the directory listing `names` has one, then deletes it
@@ -201,9 +196,48 @@ pub(crate) fn read(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Option<Vec<u8
 /// be deleted, or the directory synced: a checkpoint left behind must never meet the
 /// segments the store is about to change.
 pub(crate) fn take(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Result<Option<Vec<u8>>, Error> {
-    let bytes = read(vfs, dir, names);
+    take_named(
+        vfs,
+        dir,
+        names,
+        [crate::layout::CHECKPOINT, crate::layout::CHECKPOINT_TEMP],
+    )
+}
+
+/// [`read`] of the file `name` (`CHECKPOINT` or `COLD_STATE`).
+pub(crate) fn read_named(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    names: &[String],
+    name: &str,
+) -> Option<Vec<u8>> {
+    if !names.iter().any(|n| n == name) {
+        return None;
+    }
+    let path = dir.join(name);
+    match vfs.read_file(&path) {
+        Ok(read) => read,
+        Err(e) => {
+            tracing::warn!(
+                file = %path.display(),
+                error = %e,
+                "could not read a file a clean close wrote; replaying the log"
+            );
+            None
+        }
+    }
+}
+
+/// [`take`] of the file `[name, its temp file]` (`CHECKPOINT` or `COLD_STATE`).
+pub(crate) fn take_named(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    names: &[String],
+    files: [&str; 2],
+) -> Result<Option<Vec<u8>>, Error> {
+    let bytes = read_named(vfs, dir, names, files[0]);
     let mut removed = false;
-    for name in [crate::layout::CHECKPOINT, crate::layout::CHECKPOINT_TEMP] {
+    for name in files {
         if !names.iter().any(|n| n == name) {
             continue;
         }
@@ -211,7 +245,7 @@ pub(crate) fn take(vfs: &dyn Vfs, dir: &Path, names: &[String]) -> Result<Option
         match vfs.remove(&file) {
             Ok(()) => removed = true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("deleting the index checkpoint", &file, e)),
+            Err(e) => return Err(Error::io("deleting a file a clean close wrote", &file, e)),
         }
     }
     if removed {

@@ -52,6 +52,11 @@ pub(crate) fn is_cold_file(name: &str) -> bool {
     })
 }
 
+/// What the cold tier keeps only in RAM, written at a clean close beside `CHECKPOINT`
+/// (`format::cold_state`).
+pub(crate) const COLD_STATE: &str = "COLD_STATE";
+pub(crate) const COLD_STATE_TEMP: &str = "COLD_STATE.tmp";
+
 /// `CHECKPOINT` or its temp file.
 pub(crate) fn is_checkpoint_file(name: &str) -> bool {
     name == CHECKPOINT || name == CHECKPOINT_TEMP
@@ -64,6 +69,8 @@ pub(crate) fn is_known_file(name: &str) -> bool {
         || name == PARTITIONS
         || name == PARTITIONS_TEMP
         || is_checkpoint_file(name)
+        || name == COLD_STATE
+        || name == COLD_STATE_TEMP
         || is_cold_file(name)
         || parse_segment_file_name(name).is_some()
 }
@@ -97,6 +104,8 @@ mod tests {
             LOCK,
             PARTITIONS,
             PARTITIONS_TEMP,
+            COLD_STATE,
+            COLD_STATE_TEMP,
         ] {
             assert!(is_known_file(name), "{name}");
         }

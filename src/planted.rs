@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 11] = [
+pub const PLANTED_BUGS: [&str; 12] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -34,6 +34,9 @@ pub const PLANTED_BUGS: [&str; 11] = [
     // cold tier: a merge drops the kills writers made in the two generations after
     // it read their dead bits, so a killed entry answers again from the merged one.
     "cold-merge-loses-kills",
+    // cold tier: an open that reuses the generations of a clean close forgets their
+    // dead bits, so killed entries answer again.
+    "cold-state-forgets-kills",
 ];
 
 /// Whether the planted bug `name` is switched on (always false without the feature).

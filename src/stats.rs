@@ -91,6 +91,12 @@ pub struct ColdTierStats {
     pub merges: u64,
     /// Index entries moved out of the hot tables since open.
     pub spilled_keys: u64,
+    /// Generation files this open took over from a clean close (`COLD_STATE`).
+    pub reused_at_open: u64,
+    /// Generation files this open found but could not reuse — no clean close, a
+    /// damaged or missing file, a checkpoint that did not match: deleted, and their
+    /// keys rebuilt from the log by the replay.
+    pub rebuilt_at_open: u64,
 }
 
 /// What replication did and holds (`Stats::replication`).

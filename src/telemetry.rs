@@ -251,6 +251,18 @@ pub(crate) fn metric_values(stats: &Stats) -> Vec<MetricValue> {
             None,
             cold.spilled_keys,
         ),
+        metric(
+            "idemstore_cold_reused_at_open",
+            Gauge,
+            None,
+            cold.reused_at_open,
+        ),
+        metric(
+            "idemstore_cold_rebuilt_at_open",
+            Gauge,
+            None,
+            cold.rebuilt_at_open,
+        ),
     ]);
     values.push(MetricValue {
         name: "idemstore_replication_lag_seconds",

@@ -181,28 +181,139 @@ fn generations_are_merged_down_to_eight() {
     }
 }
 
+/// Every key of `fill` answers `Duplicate`.
+fn assert_all_duplicates(store: &Store, prefix: &str, keys: usize) {
+    let ns = store
+        .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+        .unwrap();
+    for k in 0..keys {
+        let outcome = ns.check_and_set(format!("{prefix}-{k}")).unwrap();
+        assert!(
+            matches!(outcome, Outcome::Duplicate(_)),
+            "{prefix}-{k}: {outcome:?}"
+        );
+    }
+}
+
+/// A clean close leaves COLD_STATE beside CHECKPOINT; the next open takes the
+/// generation files over without replaying a record, and everything the tier knew
+/// holds: duplicates, counts, a killed entry staying dead, a claim in progress of the
+/// closed process released, expiry deleting the files.
 #[test]
-fn a_reopen_rebuilds_the_index_from_the_log() {
+fn a_clean_reopen_reuses_the_generations() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(UnixMs(START_MS));
     {
         let store = open(dir.path(), &clock, Some(1));
+        let ns = store
+            .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+            .unwrap();
+        let long = Policy::ttl(Duration::from_secs(3600)).lease(Duration::from_secs(3600));
+        match store
+            .namespace("claims", long)
+            .unwrap()
+            .begin("claimed")
+            .unwrap()
+        {
+            // Never completed nor released: the process "dies" holding it.
+            Begin::Acquired(claim) => std::mem::forget(claim),
+            other => panic!("{other:?}"),
+        }
+        assert!(ns.check_and_set("recreated").unwrap().is_first());
         fill(&store, &clock, "k", 1_000, 2);
-        assert!(!cold_files(dir.path()).is_empty());
+        // Its spilled entry is killed by the remove; the short chain expires first.
+        assert!(ns.remove("recreated").unwrap());
+        let short = ns.with_ttl(Duration::from_secs(1)).unwrap();
+        assert!(short.check_and_set("recreated").unwrap().is_first());
+        store.expire_now().unwrap();
+        assert!(store.stats().cold.generations >= 2);
+        assert_eq!(store.stats().in_progress, 1);
         store.close().unwrap();
     }
-    let store = open(dir.path(), &clock, None);
-    assert_eq!(cold_files(dir.path()), Vec::<String>::new());
-    assert!(!store.stats().opened_from_checkpoint);
-    assert_eq!(store.stats().live_keys, 1_000);
+    let files = cold_files(dir.path());
+    assert!(dir.path().join("COLD_STATE").exists());
+    let store = open(dir.path(), &clock, Some(1));
+    let stats = store.stats();
+    assert!(stats.opened_from_checkpoint, "{stats:?}");
+    assert_eq!(stats.records_replayed, 0);
+    assert_eq!(stats.cold.reused_at_open, files.len() as u64);
+    assert_eq!(stats.cold.rebuilt_at_open, 0);
+    assert_eq!(cold_files(dir.path()), files);
+    assert!(!dir.path().join("COLD_STATE").exists(), "taken at open");
+    assert_eq!(stats.live_keys, 1_002);
+    assert_eq!((stats.in_progress, stats.released), (0, 1));
+    assert_eq!(stats.claims_released_at_open, 1);
+    assert_all_duplicates(&store, "k", 1_000);
+    let long = Policy::ttl(Duration::from_secs(3600)).lease(Duration::from_secs(3600));
+    let claims = store.namespace("claims", long).unwrap();
+    assert!(matches!(
+        claims.begin("claimed").unwrap(),
+        Begin::Acquired(_)
+    ));
     let ns = store
         .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
         .unwrap();
-    for k in 0..1_000 {
-        assert!(matches!(
-            ns.check_and_set(format!("k-{k}")).unwrap(),
-            Outcome::Duplicate(_)
-        ));
+    clock.advance(Duration::from_secs(3 * 60));
+    store.expire_now().unwrap();
+    assert_eq!(
+        ns.get("recreated").unwrap(),
+        None,
+        "the killed state came back"
+    );
+    assert_eq!(store.stats().live_keys, 1_001);
+    // Past every ttl: the generations go, files and all.
+    clock.advance(Duration::from_secs(2 * 3600));
+    store.expire_now().unwrap();
+    assert_eq!(store.stats().live_keys, 0);
+    assert_eq!(store.stats().cold.generations, 0);
+    assert!(cold_files(dir.path()).is_empty());
+}
+
+/// Without the cold state (a crash, or a close that could not write it) or with a
+/// damaged generation file, the open deletes the generation files and rebuilds the
+/// index from the log: counted, never a wrong answer.
+#[test]
+fn a_reopen_that_cannot_reuse_the_generations_rebuilds_from_the_log() {
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage); 3] = [
+        ("no cold state", |dir| {
+            std::fs::remove_file(dir.join("COLD_STATE")).unwrap()
+        }),
+        ("a damaged filter", |dir| {
+            let path = dir.join(&cold_files(dir)[0]);
+            let mut bytes = std::fs::read(&path).unwrap();
+            // The sections follow the pages; flip a byte inside the filter.
+            let at = bytes.len() - 200;
+            bytes[at] ^= 0x10;
+            std::fs::write(&path, &bytes).unwrap();
+        }),
+        ("a missing generation file", |dir| {
+            std::fs::remove_file(dir.join(&cold_files(dir)[0])).unwrap()
+        }),
+    ];
+    for (what, damage) in damages {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(UnixMs(START_MS));
+        {
+            let store = open(dir.path(), &clock, Some(1));
+            fill(&store, &clock, "k", 1_000, 2);
+            store.close().unwrap();
+        }
+        let before = cold_files(dir.path()).len() as u64;
+        damage(dir.path());
+        let store = open(dir.path(), &clock, None);
+        let stats = store.stats();
+        assert!(!stats.opened_from_checkpoint, "{what}");
+        assert_eq!(stats.cold.reused_at_open, 0, "{what}");
+        let expected = if what == "a missing generation file" {
+            before - 1
+        } else {
+            before
+        };
+        assert_eq!(stats.cold.rebuilt_at_open, expected, "{what}");
+        assert_eq!(cold_files(dir.path()), Vec::<String>::new(), "{what}");
+        assert_eq!(stats.live_keys, 1_000, "{what}");
+        assert_all_duplicates(&store, "k", 1_000);
     }
 }
 

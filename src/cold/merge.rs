@@ -43,13 +43,13 @@ impl ColdTier {
         let mut remaps: [Vec<Option<u32>>; 2] = Default::default();
         for (generation, remap) in [&older, &newer].into_iter().zip(&mut remaps) {
             for (row, segment) in generation.sections.segments.iter().enumerate() {
-                if segment.bucket_deadline_ms <= now_ms {
+                if segment.bucket_deadline_ms <= now_ms || generation.segments[row].is_none() {
                     remap.push(None);
                     continue;
                 }
                 let merged = *row_of.entry(segment.seq).or_insert_with(|| {
                     rows.push(*segment);
-                    segments.push(Arc::clone(&generation.segments[row]));
+                    segments.push(generation.segments[row].clone());
                     counts.push(Arc::clone(&generation.counts[row]));
                     (rows.len() - 1) as u32
                 });

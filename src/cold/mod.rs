@@ -16,10 +16,11 @@
 //! when every bucket it covers has expired; until then its entries into an expired
 //! bucket answer as expired.
 //!
-//! A store opened again rebuilds the index from the log (the generation files of the
-//! previous open are deleted at open): reusing them is the next step of issue 11.
+//! A store opened again after a clean close takes the generation files over
+//! (`persist`); after a crash it deletes them and rebuilds the index from the log.
 
 mod merge;
+mod persist;
 mod spill;
 
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ use crate::index::{Index, KeyHash, StateCounts};
 use crate::io::SegmentFile;
 use crate::log::Segment;
 
+pub(crate) use persist::{Reused, load};
 pub(crate) use spill::remove_files;
 
 /// Most generations a fresh key's lookup probes: beyond it, the two adjacent
@@ -67,8 +69,10 @@ pub(crate) struct Generation {
     header: Header,
     sections: Sections,
     file: Arc<dyn SegmentFile>,
-    /// The segment of each row of the file's segment table.
-    segments: Vec<Arc<Segment>>,
+    /// The segment of each row of the file's segment table; `None` for a segment that
+    /// expired and was deleted before this open reused the file (its entries answer
+    /// as expired keys do: not found).
+    segments: Vec<Option<Arc<Segment>>>,
     /// The states of the keys whose newest entry is here, per segment row: counted in
     /// `Stats` until shadowed by a later write or taken out when the bucket expires.
     counts: Box<[Arc<RowCounts>]>,
@@ -195,7 +199,9 @@ pub(crate) struct ColdHit {
 
 impl ColdHit {
     pub(crate) fn segment(&self) -> &Arc<Segment> {
-        &self.generation.segments[self.row]
+        self.generation.segments[self.row]
+            .as_ref()
+            .expect("a hit is in a row with its segment")
     }
 
     /// The record (it was verified when found; the segment is held by the generation).
@@ -214,6 +220,8 @@ pub(crate) struct ColdStats {
     pub spills: u64,
     pub merges: u64,
     pub spilled_keys: u64,
+    pub reused_at_open: u64,
+    pub rebuilt_at_open: u64,
 }
 
 /// The cold tier of one store.
@@ -231,6 +239,11 @@ pub(crate) struct ColdTier {
     spills: AtomicU64,
     merges: AtomicU64,
     spilled_keys: AtomicU64,
+    /// Generations this open took over from a clean close.
+    reused: AtomicU64,
+    /// Generation files this open found but could not reuse (deleted; the index was
+    /// rebuilt from the log).
+    rebuilt: AtomicU64,
     dir: PathBuf,
 }
 
@@ -245,6 +258,8 @@ impl ColdTier {
             spills: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             spilled_keys: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
+            rebuilt: AtomicU64::new(0),
             dir,
         }
     }
@@ -276,7 +291,9 @@ impl ColdTier {
             let mut best: Option<(crate::addr::Lsn, usize, u32, u64)> = None;
             for &(position, entry) in &entries {
                 let row = entry.segment as usize;
-                let segment = &generation.segments[row];
+                let Some(segment) = &generation.segments[row] else {
+                    continue;
+                };
                 let record = segment.read(entry.offset).map_err(|reason| {
                     crate::error::Error::corruption(&segment.path, u64::from(entry.offset), reason)
                 })?;
@@ -342,6 +359,8 @@ impl ColdTier {
             spills: self.spills.load(Ordering::Relaxed),
             merges: self.merges.load(Ordering::Relaxed),
             spilled_keys: self.spilled_keys.load(Ordering::Relaxed),
+            reused_at_open: self.reused.load(Ordering::Relaxed),
+            rebuilt_at_open: self.rebuilt.load(Ordering::Relaxed),
             ..ColdStats::default()
         };
         for generation in generations.iter() {
@@ -363,30 +382,45 @@ impl ColdTier {
     }
 }
 
-/// Deletes the cold index files (and their temp files) an earlier open left: this
-/// open rebuilds its index from the log.
-pub(crate) fn remove_leftovers(
-    vfs: &dyn crate::io::Vfs,
-    dir: &std::path::Path,
-) -> Result<(), crate::error::Error> {
-    let names = vfs
-        .list(dir)
-        .map_err(|e| crate::error::Error::io("listing", dir, e))?;
-    let mut removed = 0;
-    for name in names.iter().filter(|n| crate::layout::is_cold_file(n)) {
-        let path = dir.join(name);
-        vfs.remove(&path).map_err(|e| {
-            crate::error::Error::io("deleting a cold index file of an earlier open", &path, e)
-        })?;
-        removed += 1;
+impl ColdTier {
+    /// Deletes what an earlier open left and this one does not use: temp files, and
+    /// (unless `keep_generations`: they were reused) the generation files, whose keys
+    /// the log's replay rebuilt (counted in `Stats`).
+    pub(crate) fn remove_leftovers(
+        &self,
+        vfs: &dyn crate::io::Vfs,
+        keep_generations: bool,
+    ) -> Result<(), crate::error::Error> {
+        let dir = &self.dir;
+        let names = vfs
+            .list(dir)
+            .map_err(|e| crate::error::Error::io("listing", dir, e))?;
+        let (mut removed, mut generations) = (0, 0);
+        for name in &names {
+            let temp = name.ends_with(".tmp");
+            let leftover = (crate::layout::is_cold_file(name) && (temp || !keep_generations))
+                || name == crate::layout::COLD_STATE_TEMP;
+            if !leftover {
+                continue;
+            }
+            let path = dir.join(name);
+            vfs.remove(&path).map_err(|e| {
+                crate::error::Error::io("deleting a cold index file of an earlier open", &path, e)
+            })?;
+            removed += 1;
+            generations += u64::from(!temp);
+        }
+        if removed > 0 {
+            vfs.sync_dir(dir)
+                .map_err(|e| crate::error::Error::io("syncing directory", dir, e))?;
+        }
+        if generations > 0 {
+            self.rebuilt.store(generations, Ordering::Relaxed);
+            tracing::info!(
+                files = generations,
+                "deleted cold index files an earlier open left without a clean close; the index was rebuilt from the log"
+            );
+        }
+        Ok(())
     }
-    if removed > 0 {
-        vfs.sync_dir(dir)
-            .map_err(|e| crate::error::Error::io("syncing directory", dir, e))?;
-        tracing::info!(
-            files = removed,
-            "deleted the cold index files of an earlier open; the index was rebuilt from the log"
-        );
-    }
-    Ok(())
 }

@@ -176,7 +176,10 @@ impl ColdTier {
                 log.vfs(),
                 number,
                 &rows,
-                segments.iter().map(|(s, _, _)| Arc::clone(s)).collect(),
+                segments
+                    .iter()
+                    .map(|(s, _, _)| Some(Arc::clone(s)))
+                    .collect(),
                 counts,
                 sync,
                 |push| entries.iter().try_for_each(|&entry| push(entry)),
@@ -230,7 +233,7 @@ impl ColdTier {
         vfs: &dyn Vfs,
         number: u64,
         rows: &[ColdSegment],
-        segments: Vec<Arc<Segment>>,
+        segments: Vec<Option<Arc<Segment>>>,
         counts: Vec<Arc<RowCounts>>,
         sync: bool,
         fill: impl FnOnce(&mut dyn FnMut(ColdEntry) -> Result<(), Error>) -> Result<(), Error>,

@@ -58,19 +58,24 @@ impl Engine {
             );
             return Ok(());
         }
-        if !self.cold.is_empty() {
-            // The checkpoint holds hot entries only: the next open replays the log.
-            tracing::info!("not writing an index checkpoint: the cold tier holds entries");
-            return Ok(());
-        }
         // No reaping (`expire_now` on another thread) while the segments are listed.
         let _reaping = self.expiry.pause();
-        crate::checkpoint::write(
+        let sync = self.options.durability != Durability::None;
+        let shards = self.index.shard_count();
+        // The checkpoint holds the hot entries and counts; with a cold tier, the cold
+        // state written after it (and naming it) holds the rest.
+        let cold_counts = (!self.cold.is_empty()).then(|| self.cold.cold_counts(shards));
+        let written = crate::checkpoint::write(
             &self.log,
             &self.index,
             self.log.vfs(),
             self.namespaces.count(),
-            self.options.durability != Durability::None,
-        )
+            sync,
+            cold_counts.as_deref(),
+        )?;
+        match (written, cold_counts) {
+            (Some(hash), Some(_)) => self.cold.write_state(self.log.vfs(), shards, hash, sync),
+            _ => Ok(()),
+        }
     }
 }

@@ -109,7 +109,7 @@ impl Engine {
             1,
         ));
         let index = Index::new(options.shards);
-        let recovery = recovery::recover(
+        let mut recovery = recovery::recover(
             &log,
             &index,
             vfs.as_ref(),
@@ -117,6 +117,14 @@ impl Engine {
             namespaces.count(),
             read_only,
         )?;
+        // The cold tier a clean close left, before the claims of the previous process
+        // are released (its own counts included).
+        let cold = crate::cold::ColdTier::new(dir.clone());
+        let reused = recovery.cold.take().is_some_and(|reused| {
+            let reused = Arc::try_unwrap(reused).expect("the report's one handle");
+            cold.restore(reused, &log, &index);
+            true
+        });
         let claims_released_at_open = index.finish_recovery();
         if claims_released_at_open > 0 {
             tracing::info!(
@@ -136,7 +144,7 @@ impl Engine {
         });
 
         if !read_only {
-            crate::cold::remove_leftovers(vfs.as_ref(), &dir)?;
+            cold.remove_leftovers(vfs.as_ref(), reused)?;
         }
         let inner = Arc::new(Engine {
             dir: dir.clone(),
@@ -150,7 +158,7 @@ impl Engine {
             recovery,
             claims_released_at_open,
             expiry: Arc::new(Expiry::default()),
-            cold: crate::cold::ColdTier::new(dir.clone()),
+            cold,
             operations: Operations::new(options.shards),
             replica,
             threads: Mutex::new(Vec::new()),
@@ -342,6 +350,8 @@ impl Engine {
                 spills: cold.spills,
                 merges: cold.merges,
                 spilled_keys: cold.spilled_keys,
+                reused_at_open: cold.reused_at_open,
+                rebuilt_at_open: cold.rebuilt_at_open,
             },
         }
     }

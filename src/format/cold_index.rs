@@ -1,6 +1,7 @@
 //! Cold index files (issue 11): the index entries of sealed buckets, moved out of RAM
 //! once the memory budget is exceeded, written once and never changed. One file is one
-//! *generation*; a higher generation number is newer (spill order). `docs/FORMAT.md`
+//! *generation*, numbered in the order files are written (spills and merges alike; the
+//! lookup order is the tier's list, kept in `COLD_STATE` at a clean close). `docs/FORMAT.md`
 //! ("Cold index files") is the specification; the constants below mirror it.
 //!
 //! ```text
@@ -9,7 +10,7 @@
 //! 0      8    magic          b"IDEMCOLD"
 //! 8      4    version        2
 //! 12     4    header_len     64
-//! 16     8    generation     spill order: higher is newer
+//! 16     8    generation     its number (the next one at each spill or merge)
 //! 24     4    segment_count  entries of the segment table (1 or more)
 //! 28     4    page_count     entry pages (1 or more)
 //! 32     8    entry_count    entries in all pages

@@ -6,10 +6,11 @@
 
 pub(crate) mod changelog;
 pub(crate) mod checkpoint;
-// The cold index tier's codec (issue 11): the fuzz target and the tests use it; the
-// engine's cold tier that writes and reads the files is not built yet.
+// The cold index tier's codecs (issue 11): the files and the state kept at a clean
+// close. (Some of `cold_index` only the fuzz target and the tests use.)
 #[allow(dead_code)]
 pub(crate) mod cold_index;
+pub(crate) mod cold_state;
 pub(crate) mod namespace_file;
 pub(crate) mod partitions;
 pub(crate) mod record;

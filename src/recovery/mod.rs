@@ -59,6 +59,9 @@ pub(crate) struct RecoveryReport {
     /// writes after `PARTITIONS` has every offset).
     pub highest_offsets: std::collections::HashMap<(u32, u32), u64>,
     pub duration: std::time::Duration,
+    /// The cold index files a clean close left, checked and ready to be taken over
+    /// (opened from the checkpoint only; `Arc` so the report stays `Clone`).
+    pub cold: Option<Arc<crate::cold::Reused>>,
 }
 
 /// Average bytes per record assumed when sizing the index before replay.
@@ -89,16 +92,48 @@ pub(crate) fn recover(
     } else {
         checkpoint::take(vfs, &dir, &names)?
     };
+    let cold_state = if read_only {
+        checkpoint::read_named(vfs, &dir, &names, crate::layout::COLD_STATE)
+    } else {
+        checkpoint::take_named(
+            vfs,
+            &dir,
+            &names,
+            [crate::layout::COLD_STATE, crate::layout::COLD_STATE_TEMP],
+        )?
+    };
     if let Some(bytes) = checkpoint {
-        let sync = !read_only;
-        match checkpoint::restore(&bytes, log, index, namespace_count, &names, now_ms, sync)? {
-            Ok(restored) => {
+        // The checkpoint holds the hot entries only: with cold index files in the
+        // directory it is used only together with the cold state written with it.
+        let has_cold = names
+            .iter()
+            .any(|n| crate::layout::is_cold_file(n) && !n.ends_with(".tmp"));
+        let cold = match (has_cold, &cold_state) {
+            (false, _) => Ok(None),
+            (true, None) => Err("cold index files without a cold state".to_string()),
+            (true, Some(state)) => {
+                crate::cold::load(vfs, &dir, &names, state, &bytes, options.shards, now_ms)?
+                    .map(Some)
+            }
+        };
+        let restored = match cold {
+            Ok(cold) => {
+                let sync = !read_only;
+                checkpoint::restore(&bytes, log, index, namespace_count, &names, now_ms, sync)?
+                    .map(|restored| (restored, cold))
+            }
+            Err(reason) => Err(format!("the cold index files cannot be reused: {reason}")),
+        };
+        match restored {
+            Ok((restored, cold)) => {
+                report.cold = cold.map(Arc::new);
                 report.opened_from_checkpoint = true;
                 report.clock_floor_ms = restored.clock_floor_ms;
                 report.duration = started.elapsed();
                 tracing::info!(
                     keys = restored.entries,
                     segments = restored.segments,
+                    cold_generations = report.cold.as_ref().map_or(0, |c| c.generations()),
                     ms = report.duration.as_millis() as u64,
                     "recovered from the index checkpoint"
                 );
