@@ -159,6 +159,25 @@ fn the_cold_index_seed_is_current() {
     cold_index::run(&seed);
 }
 
+/// The cold state seed of the cold_index target (its harness decodes both files) is
+/// what the encoder writes today.
+#[test]
+fn the_cold_state_seed_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/cold_index/seed-cold-state");
+    let expected = idemstore::fuzzing::cold_state_seed();
+    if std::env::var_os("IDEMSTORE_WRITE_SEEDS").is_some() {
+        std::fs::write(&path, &expected).unwrap();
+    }
+    let seed = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(seed, expected, "regenerate with IDEMSTORE_WRITE_SEEDS=1");
+    assert_eq!(
+        idemstore::fuzzing::reencode_cold_state(&seed),
+        Ok(seed.clone())
+    );
+    cold_index::run(&seed);
+}
+
 fn cold_index_seed() -> Vec<u8> {
     let mut entries: Vec<(u64, u32, u32)> = (0..300u32)
         .map(|i| (u64::from(i) * 0x0101_0101_0101, i % 3, 64 + 48 * i))

@@ -4,11 +4,16 @@
 //! Checks, for any bytes: nothing panics; a file that decodes re-encodes to exactly the
 //! bytes it was decoded from (one encoding per file: the filter and the fences are
 //! derived from the entries, so damage to any of them cannot pass for another file),
-//! its filter holds every entry, its entries are sorted and name segments it has.
+//! its filter holds every entry, its entries are sorted and name segments it has. The
+//! same bytes go to the `COLD_STATE` decoder (the other file of the cold tier, read at
+//! open): nothing panics, and a state that decodes re-encodes to its own bytes.
 
 use idemstore::fuzzing;
 
 pub fn run(data: &[u8]) {
+    if let Ok(reencoded) = fuzzing::reencode_cold_state(data) {
+        assert_eq!(reencoded, data, "cold state re-encoding differs");
+    }
     if let Ok(file) = fuzzing::decode_cold_index(data) {
         assert_eq!(file.reencoded, data, "re-encoding differs");
         assert!(file.filter_holds_every_entry, "a filter misses an entry");
