@@ -179,13 +179,17 @@ pub(crate) fn verify_on(
             Verdict::Damaged(damage) => report.push_problem(damage.clone()),
             Verdict::Live(_) => {
                 let mut next_progress = PROGRESS_STEP_BYTES;
-                let records =
-                    survey::scan_records(bytes, report.namespaces as usize, |offset, _| {
+                let records = survey::scan_records(
+                    bytes,
+                    segment_header::LEN,
+                    report.namespaces as usize,
+                    |offset, _| {
                         if offset >= next_progress {
                             progress(done + offset as u64, total);
                             next_progress = offset + PROGRESS_STEP_BYTES;
                         }
-                    });
+                    },
+                );
                 report.records += records.valid_records();
                 for finding in records.findings(&segment.path, bytes) {
                     report.push_problem(finding.damage);

@@ -323,23 +323,26 @@ pub fn reencode_cold_state(bytes: &[u8]) -> Result<Vec<u8>, String> {
 
 /// A `COLD_STATE` file (for seeds and tests): two generations, one segment, 2 shards.
 pub fn cold_state_seed() -> Vec<u8> {
-    use crate::format::cold_state::{self, ColdState, GenerationState, SegmentState};
+    use crate::format::cold_state::{
+        self, ColdState, GenerationState, PartitionOffset, SegmentState,
+    };
     cold_state::encode(&ColdState {
         shard_count: 2,
-        checkpoint_hash: 0x1234_5678_9abc_def0,
+        checkpoint_hash: Some(0x1234_5678_9abc_def0),
         next_generation: 12,
+        lsn_floor: 0x0001_0000,
         generations: vec![
             GenerationState {
                 number: 3,
                 entry_count: 300,
                 header_checksum: 0xfeed_f00d,
-                dead: vec![0b1010, 0, 0, 1 << 63, 0],
+                dead: vec![(0, 0b1010), (3, 1 << 63)],
             },
             GenerationState {
                 number: 11,
                 entry_count: 7,
                 header_checksum: 0xdead_beef,
-                dead: vec![0],
+                dead: Vec::new(),
             },
         ],
         segments: vec![SegmentState {
@@ -347,6 +350,11 @@ pub fn cold_state_seed() -> Vec<u8> {
             deadline_ms: 1_700_000_060_000,
             covered_len: 8192,
             counts: vec![[100, 1, 2, 3, 4, 5], [90, 0, 0, 7, 0, 1]],
+        }],
+        partitions: vec![PartitionOffset {
+            namespace_id: 1,
+            partition: 7,
+            highest_offset: 4_242,
         }],
     })
 }

@@ -52,6 +52,14 @@ pub(crate) fn is_cold_file(name: &str) -> bool {
     })
 }
 
+/// The generation number of a cold index file's name (not of its temp file).
+pub(crate) fn parse_cold_file_name(name: &str) -> Option<u64> {
+    if !is_cold_file(name) || name.ends_with(".tmp") {
+        return None;
+    }
+    u64::from_str_radix(name.strip_suffix(".cold")?, 16).ok()
+}
+
 /// What the cold tier keeps only in RAM, written at a clean close beside `CHECKPOINT`
 /// (`format::cold_state`).
 pub(crate) const COLD_STATE: &str = "COLD_STATE";
@@ -111,6 +119,11 @@ mod tests {
         }
         assert!(is_known_file(&segment_file_name(1, 2)));
         assert!(is_known_file(&cold_file_name(7)));
+        assert_eq!(parse_cold_file_name(&cold_file_name(0x7f)), Some(0x7f));
+        assert_eq!(
+            parse_cold_file_name(&format!("{}.tmp", cold_file_name(7))),
+            None
+        );
         assert!(is_known_file(&format!("{}.tmp", cold_file_name(7))));
         assert!(!is_known_file("0000000000000007.cold.old"));
         assert!(!is_known_file("notes.txt"));

@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 12] = [
+pub const PLANTED_BUGS: [&str; 14] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -37,6 +37,12 @@ pub const PLANTED_BUGS: [&str; 12] = [
     // cold tier: an open that reuses the generations of a clean close forgets their
     // dead bits, so killed entries answer again.
     "cold-state-forgets-kills",
+    // cold tier: a cold state written while the store runs does not wait for the log
+    // to be durable, so it can hold a kill whose record a power cut loses.
+    "cold-state-before-durable",
+    // cold tier: an open after a crash that reuses the generations skips the
+    // reconciliation, so the kills the writes after the last cold state made are lost.
+    "cold-crash-skips-reconcile",
 ];
 
 /// Whether the planted bug `name` is switched on (always false without the feature).

@@ -113,7 +113,10 @@ impl ColdTier {
             into = number,
             "merged two cold generations"
         );
-        super::remove_files(log, &[older, newer])
+        // Their files go once a cold state without them is written.
+        self.leave(&[older, newer]);
+        self.dirty.store(true, Ordering::Relaxed);
+        Ok(())
     }
 }
 

@@ -16,8 +16,10 @@
 //! when every bucket it covers has expired; until then its entries into an expired
 //! bucket answer as expired.
 //!
-//! A store opened again after a clean close takes the generation files over
-//! (`persist`); after a crash it deletes them and rebuilds the index from the log.
+//! A store opened again takes the generation files over (`persist`): after a clean
+//! close with nothing to replay, after a crash replaying only the records no spill
+//! walked. Without a usable `COLD_STATE` it deletes them and rebuilds the index from
+//! the log.
 
 mod merge;
 mod persist;
@@ -36,7 +38,6 @@ use crate::io::SegmentFile;
 use crate::log::Segment;
 
 pub(crate) use persist::{Reused, load};
-pub(crate) use spill::remove_files;
 
 /// Most generations a fresh key's lookup probes: beyond it, the two adjacent
 /// generations with the fewest entries between them are merged.
@@ -236,10 +237,19 @@ pub(crate) struct ColdTier {
     spilled: Mutex<std::collections::HashMap<u64, SpilledSegment>>,
     /// Held by a spill or merge, and by close (no file is written after it).
     working: Mutex<bool>,
+    /// The files of generations that left the tier, deleted once a cold state that
+    /// does not list them is written (`write_state`).
+    leaving: Mutex<Vec<PathBuf>>,
+    /// The tier changed (a spill, merge or dropped generation) since the last cold
+    /// state was written.
+    dirty: AtomicBool,
+    /// The highest source offset of each partition `(namespace id, partition)` among
+    /// the records spills walked: an open that skips them learns it from the state.
+    covered_offsets: Mutex<std::collections::HashMap<(u32, u32), u64>>,
     spills: AtomicU64,
     merges: AtomicU64,
     spilled_keys: AtomicU64,
-    /// Generations this open took over from a clean close.
+    /// Generations this open took over from an earlier one.
     reused: AtomicU64,
     /// Generation files this open found but could not reuse (deleted; the index was
     /// rebuilt from the log).
@@ -255,6 +265,9 @@ impl ColdTier {
             next_generation: AtomicU64::new(1),
             spilled: Mutex::new(std::collections::HashMap::new()),
             working: Mutex::new(false),
+            leaving: Mutex::new(Vec::new()),
+            dirty: AtomicBool::new(false),
+            covered_offsets: Mutex::new(std::collections::HashMap::new()),
             spills: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             spilled_keys: AtomicU64::new(0),
@@ -316,8 +329,9 @@ impl ColdTier {
     /// Takes out of the shards' counts the cold keys of every segment whose bucket
     /// deadline is at or before `now_ms`, and drops the generations all of whose
     /// segments are: the caller deletes their files (O(files)). Returns the keys
-    /// forgotten (tombstones aside) and the generations dropped.
-    pub(crate) fn expire(&self, index: &Index, now_ms: u64) -> (u64, Vec<Arc<Generation>>) {
+    /// forgotten (tombstones aside) and the generations dropped (their files are
+    /// deleted once a cold state without them is written: `persist`).
+    pub(crate) fn expire(&self, index: &Index, now_ms: u64) -> (u64, u64) {
         let mut expired = Vec::new();
         self.spilled.lock().retain(|_, segment| {
             let live = segment.deadline_ms > now_ms;
@@ -349,7 +363,13 @@ impl ColdTier {
             .partition(|g| g.last_deadline_ms() <= now_ms);
         *generations = kept;
         self.any.store(!generations.is_empty(), Ordering::Release);
-        (forgotten, dropped)
+        drop(generations);
+        if !dropped.is_empty() {
+            // Their files go once a cold state without them is written.
+            self.leave(&dropped);
+            self.dirty.store(true, Ordering::Relaxed);
+        }
+        (forgotten, dropped.len() as u64)
     }
 
     pub(crate) fn stats(&self) -> ColdStats {
@@ -383,13 +403,15 @@ impl ColdTier {
 }
 
 impl ColdTier {
-    /// Deletes what an earlier open left and this one does not use: temp files, and
-    /// (unless `keep_generations`: they were reused) the generation files, whose keys
-    /// the log's replay rebuilt (counted in `Stats`).
+    /// Deletes what an earlier open left and this one does not use: temp files, the
+    /// generation files not in `kept` (written after the cold state this open used,
+    /// or waiting to be deleted) and, without `kept` (nothing was reused: the log's
+    /// replay rebuilt their keys, counted in `Stats`), every generation file and the
+    /// cold state.
     pub(crate) fn remove_leftovers(
         &self,
         vfs: &dyn crate::io::Vfs,
-        keep_generations: bool,
+        kept: Option<&std::collections::BTreeSet<u64>>,
     ) -> Result<(), crate::error::Error> {
         let dir = &self.dir;
         let names = vfs
@@ -398,8 +420,15 @@ impl ColdTier {
         let (mut removed, mut generations) = (0, 0);
         for name in &names {
             let temp = name.ends_with(".tmp");
-            let leftover = (crate::layout::is_cold_file(name) && (temp || !keep_generations))
-                || name == crate::layout::COLD_STATE_TEMP;
+            let cold = crate::layout::is_cold_file(name);
+            let unused = match kept {
+                Some(kept) => crate::layout::parse_cold_file_name(name)
+                    .is_none_or(|number| !kept.contains(&number)),
+                None => true,
+            };
+            let leftover = (cold && (temp || unused))
+                || name == crate::layout::COLD_STATE_TEMP
+                || (kept.is_none() && name == crate::layout::COLD_STATE);
             if !leftover {
                 continue;
             }
@@ -408,7 +437,7 @@ impl ColdTier {
                 crate::error::Error::io("deleting a cold index file of an earlier open", &path, e)
             })?;
             removed += 1;
-            generations += u64::from(!temp);
+            generations += u64::from(cold && !temp && kept.is_none());
         }
         if removed > 0 {
             vfs.sync_dir(dir)
@@ -418,7 +447,7 @@ impl ColdTier {
             self.rebuilt.store(generations, Ordering::Relaxed);
             tracing::info!(
                 files = generations,
-                "deleted cold index files an earlier open left without a clean close; the index was rebuilt from the log"
+                "deleted cold index files an earlier open left without a usable cold state; the index was rebuilt from the log"
             );
         }
         Ok(())

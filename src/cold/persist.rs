@@ -1,32 +1,52 @@
-//! The cold tier across a clean close: at close, what it keeps only in RAM (each
-//! generation's dead bits, each spilled segment's covered length and cold counts) goes
-//! to `COLD_STATE` beside `CHECKPOINT` (`format::cold_state`); the next open, when the
-//! checkpoint is used, checks the generation files against it (names, lengths, header
-//! checksums, sections' checksums, the segments they need) and takes them over without
-//! reading a page or replaying a record. In any other case — a crash, a damaged or
-//! missing file, a checkpoint that does not match — the open deletes the generation
-//! files and rebuilds the index from the log, as before (counted in `Stats`).
+//! The cold tier across a close or a crash: what it keeps only in RAM (each
+//! generation's dead bits, each spilled segment's covered length and cold counts, the
+//! lsn floor and the partitions' highest offsets of the records spills walked) goes to
+//! `COLD_STATE` (`format::cold_state`) after every spill, merge or expiry that changed
+//! the tier, and at a clean close beside `CHECKPOINT`. The next open checks the
+//! generation files it lists (names, lengths, header checksums, sections' checksums,
+//! the segments they need) and takes them over without reading a page:
+//!
+//! - after a clean close, with the checkpoint written with it: nothing is replayed;
+//! - after a crash (or with a checkpoint it cannot use): only the records no spill
+//!   walked are replayed (each segment from its covered length), then every hot
+//!   entry's key is probed in the tier (`reconcile`), which re-derives the kills its
+//!   record made after the state was written.
+//!
+//! A generation file leaves the directory only once a state that does not list it is
+//! durable (`leave`), and the log is made durable before a state is written, so the
+//! record that killed an entry (or that a covered record was superseded by) is never
+//! lost while the state says so. In any other case — no state, a damaged or missing
+//! file, a segment shorter than its covered length — the open deletes the generation
+//! files and rebuilds the index from the whole log (counted in `Stats`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::{ColdTier, Generation, SpilledSegment};
+use crate::addr::Location;
 use crate::error::Error;
 use crate::format::cold_index::{self, Header, Sections};
-use crate::format::cold_state::{self, ColdState, GenerationState, STATES, SegmentState};
+use crate::format::cold_state::{
+    self, ColdState, GenerationState, PartitionOffset, STATES, SegmentState,
+};
 use crate::format::read_u64;
-use crate::index::{Index, StateCounts};
+use crate::index::{Index, KeyHash, StateCounts};
 use crate::io::{SegmentFile, Vfs};
 use crate::log::Log;
 
-/// Generation files a clean close left, checked against the directory and ready to be
-/// taken over (`ColdTier::restore`).
+/// Generation files an earlier open left, checked against the directory and ready to
+/// be taken over (`ColdTier::restore`).
 pub(crate) struct Reused {
     generations: Vec<Loaded>,
     segments: Vec<SegmentState>,
     next_generation: u64,
+    lsn_floor: u64,
+    partitions: Vec<PartitionOffset>,
+    /// The clock when it was loaded: segments whose bucket expired by then were
+    /// deleted by the recovery, and their keys are not counted.
+    now_ms: u64,
 }
 
 struct Loaded {
@@ -35,7 +55,7 @@ struct Loaded {
     header: Header,
     sections: Sections,
     file: Arc<dyn SegmentFile>,
-    dead: Vec<u64>,
+    dead: Vec<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Reused {
@@ -58,19 +78,47 @@ impl Reused {
     pub(crate) fn generations(&self) -> usize {
         self.generations.len()
     }
+
+    /// The generation numbers taken over (their files stay; any other is deleted).
+    pub(crate) fn numbers(&self) -> BTreeSet<u64> {
+        self.generations.iter().map(|g| g.number).collect()
+    }
+
+    /// Per segment seq, the length before which a spill walked its records (a replay
+    /// starts there), with the segment's bucket deadline.
+    pub(crate) fn covered(&self) -> HashMap<u64, (u64, u64)> {
+        self.segments
+            .iter()
+            .map(|s| (s.seq, (s.covered_len, s.deadline_ms)))
+            .collect()
+    }
+
+    /// Every record in the log when the state was written has an lsn counter below it.
+    pub(crate) fn lsn_floor(&self) -> u64 {
+        self.lsn_floor
+    }
+
+    /// The highest source offset of each partition among the walked records.
+    pub(crate) fn highest_offsets(&self) -> impl Iterator<Item = ((u32, u32), u64)> + '_ {
+        self.partitions
+            .iter()
+            .map(|p| ((p.namespace_id, p.partition), p.highest_offset))
+    }
 }
 
-/// Checks the cold state a clean close left (`state`, written with the checkpoint
-/// whose bytes are `checkpoint`) against the directory listing `names`, and opens the
-/// generation files it lists. `Ok(Err(reason))` if anything disagrees: the caller
-/// replays the log instead. `Err` for an I/O error opening a file (as a replay would
-/// meet opening a segment).
+/// Checks the cold state an earlier open left (`state`) against the directory listing
+/// `names`, and opens the generation files it lists. With `checkpoint` (the bytes of
+/// the checkpoint the open rebuilds the hot index from), the state must have been
+/// written with it at a clean close; without, any state will do (the caller replays
+/// what it does not cover). `Ok(Err(reason))` if anything disagrees: the caller
+/// replays the whole log instead. `Err` for an I/O error opening a file (as a replay
+/// would meet opening a segment).
 pub(crate) fn load(
     vfs: &dyn Vfs,
     dir: &std::path::Path,
     names: &[String],
     state: &[u8],
-    checkpoint: &[u8],
+    checkpoint: Option<&[u8]>,
     shards: usize,
     now_ms: u64,
 ) -> Result<Result<Reused, String>, Error> {
@@ -82,15 +130,19 @@ pub(crate) fn load(
         shard_count,
         checkpoint_hash,
         next_generation,
+        lsn_floor,
         generations,
         segments,
+        partitions,
     } = state;
     if shard_count as usize != shards {
         return Ok(Err(format!(
             "the cold state was written with {shard_count} shards, the store opens with {shards}"
         )));
     }
-    if checkpoint_hash != xxhash_rust::xxh3::xxh3_64(checkpoint) {
+    if let Some(checkpoint) = checkpoint
+        && checkpoint_hash != Some(xxhash_rust::xxh3::xxh3_64(checkpoint))
+    {
         return Ok(Err(
             "the cold state was not written with this checkpoint".to_string()
         ));
@@ -104,22 +156,22 @@ pub(crate) fn load(
         .iter()
         .map(|g| crate::layout::cold_file_name(g.number))
         .collect();
-    if listed.len() != generations.len()
-        || !on_disk
-            .iter()
-            .copied()
-            .eq(listed.iter().map(String::as_str))
-    {
+    // Files it does not list were written after it (a spill or merge the crash cut
+    // short) or are waiting to be deleted: leftovers. A file it lists must be there.
+    if listed.len() != generations.len() || !listed.iter().all(|n| on_disk.contains(n.as_str())) {
         return Ok(Err(format!(
-            "the directory holds {} cold index files, the cold state lists {} (or other names)",
-            on_disk.len(),
-            generations.len()
+            "the cold state lists {} cold index files, {} of them missing (or twice)",
+            generations.len(),
+            listed
+                .iter()
+                .filter(|n| !on_disk.contains(n.as_str()))
+                .count()
         )));
     }
-    let segment_files: BTreeSet<u64> = names
+    // (deadline, seq) of every segment file.
+    let segment_files: BTreeSet<(u64, u64)> = names
         .iter()
         .filter_map(|n| crate::layout::parse_segment_file_name(n))
-        .map(|(_, seq)| seq)
         .collect();
     let mut loaded = Vec::with_capacity(generations.len());
     for generation in generations {
@@ -132,6 +184,9 @@ pub(crate) fn load(
         generations: loaded,
         segments,
         next_generation,
+        lsn_floor,
+        partitions,
+        now_ms,
     }))
 }
 
@@ -141,7 +196,7 @@ fn open_generation(
     vfs: &dyn Vfs,
     dir: &std::path::Path,
     state: GenerationState,
-    segment_files: &BTreeSet<u64>,
+    segment_files: &BTreeSet<(u64, u64)>,
     now_ms: u64,
 ) -> Result<Result<Loaded, String>, Error> {
     let path = dir.join(crate::layout::cold_file_name(state.number));
@@ -171,11 +226,9 @@ fn open_generation(
         Ok(sections) => sections,
         Err(e) => return refuse(e.reason()),
     };
-    if let Some(missing) = sections
-        .segments
-        .iter()
-        .find(|s| s.bucket_deadline_ms > now_ms && !segment_files.contains(&s.seq))
-    {
+    if let Some(missing) = sections.segments.iter().find(|s| {
+        s.bucket_deadline_ms > now_ms && !segment_files.contains(&(s.bucket_deadline_ms, s.seq))
+    }) {
         return refuse(&format!(
             "needs segment seq {}, which is missing",
             missing.seq
@@ -205,83 +258,164 @@ impl ColdTier {
         out
     }
 
-    /// At a clean close (no write, spill or merge runs any more), right after the
-    /// checkpoint whose bytes hash to `checkpoint_hash` was written: `COLD_STATE`
-    /// (temp file, sync, rename, directory sync, with `sync`).
+    /// Writes `COLD_STATE` (temp file, sync, rename, directory sync, with `sync`): at
+    /// a clean close right after the checkpoint whose bytes hash to `checkpoint_hash`,
+    /// and while the store runs after a spill, merge or expiry changed the tier (the
+    /// caller holds `working`, or the reaper is paused). What it holds is taken under
+    /// every shard lock, so the dead bits and the counts agree; then `durable` makes
+    /// every record appended so far durable (each kill it holds was made by a record
+    /// appended before it, and each covered record a spill did not take was superseded
+    /// by one); then the file is written. Once it is, the files of the generations
+    /// that left the tier are deleted (`leave`).
     pub(crate) fn write_state(
         &self,
         vfs: &dyn Vfs,
-        shards: usize,
-        checkpoint_hash: u64,
+        index: &Index,
+        checkpoint_hash: Option<u64>,
+        durable: impl FnOnce() -> Result<(), Error>,
         sync: bool,
     ) -> Result<(), Error> {
-        let generations = self.generations.read();
-        let mut segments: Vec<SegmentState> = self
-            .spilled
-            .lock()
-            .iter()
-            .map(|(&seq, s)| SegmentState {
-                seq,
-                deadline_ms: s.deadline_ms,
-                covered_len: s.covered_len,
-                counts: s
-                    .counts
-                    .iter()
-                    .map(|row| std::array::from_fn(|i| row[i].load(Ordering::Relaxed)))
-                    .collect(),
-            })
-            .collect();
-        segments.sort_by_key(|s| s.seq);
-        let state = ColdState {
-            shard_count: shards as u32,
-            checkpoint_hash,
-            next_generation: self.next_generation.load(Ordering::Relaxed),
-            generations: generations
+        let state = {
+            let shards: Vec<_> = index.shards().map(|s| s.lock()).collect();
+            let lsn_floor = shards.iter().map(|s| s.lsn_counter()).max().unwrap_or(0);
+            let generations = self.generations.read();
+            let mut segments: Vec<SegmentState> = self
+                .spilled
+                .lock()
                 .iter()
-                .map(|g| GenerationState {
-                    number: g.number,
-                    entry_count: g.header.entry_count,
-                    header_checksum: read_u64(g.file.read(0, cold_index::HEADER_LEN), 56),
-                    dead: g.dead_snapshot().into_vec(),
+                .map(|(&seq, s)| SegmentState {
+                    seq,
+                    deadline_ms: s.deadline_ms,
+                    covered_len: s.covered_len,
+                    counts: s
+                        .counts
+                        .iter()
+                        .map(|row| std::array::from_fn(|i| row[i].load(Ordering::Relaxed)))
+                        .collect(),
                 })
-                .collect(),
-            segments,
+                .collect();
+            segments.sort_by_key(|s| s.seq);
+            let mut partitions: Vec<PartitionOffset> = self
+                .covered_offsets
+                .lock()
+                .iter()
+                .map(
+                    |(&(namespace_id, partition), &highest_offset)| PartitionOffset {
+                        namespace_id,
+                        partition,
+                        highest_offset,
+                    },
+                )
+                .collect();
+            partitions.sort();
+            ColdState {
+                shard_count: shards.len() as u32,
+                checkpoint_hash,
+                next_generation: self.next_generation.load(Ordering::Relaxed),
+                lsn_floor,
+                generations: generations
+                    .iter()
+                    .map(|g| GenerationState {
+                        number: g.number,
+                        entry_count: g.header.entry_count,
+                        header_checksum: read_u64(g.file.read(0, cold_index::HEADER_LEN), 56),
+                        dead: g
+                            .dead
+                            .iter()
+                            .enumerate()
+                            .map(|(i, w)| (i as u64, w.load(Ordering::Acquire)))
+                            .filter(|&(_, w)| w != 0)
+                            .collect(),
+                    })
+                    .collect(),
+                segments,
+                partitions,
+            }
         };
-        drop(generations);
+        #[cfg(feature = "planted-bugs")]
+        let durable = || match crate::planted::planted("cold-state-before-durable") {
+            true => Ok(()),
+            false => durable(),
+        };
+        durable()?;
         let bytes = cold_state::encode(&state);
         let temp = self.dir.join(crate::layout::COLD_STATE_TEMP);
         let path = self.dir.join(crate::layout::COLD_STATE);
         let written = crate::io::replace_file(vfs, &self.dir, &temp, &path, &bytes, sync);
         if let Err((e, at)) = written {
+            // The state before it is still in place, and every file it lists too.
             let _ = vfs.remove(&temp);
-            let _ = vfs.remove(&path);
-            return Err(Error::io(
-                "writing the cold state (the next open replays the log)",
-                at,
-                e,
-            ));
+            return Err(Error::io("writing the cold state", at, e));
         }
-        tracing::info!(
+        tracing::debug!(
             bytes = bytes.len(),
             generations = state.generations.len(),
+            clean = checkpoint_hash.is_some(),
             "wrote the cold state"
         );
-        Ok(())
+        let leaving = std::mem::take(&mut *self.leaving.lock());
+        super::spill::remove_files(vfs, &self.dir, &leaving)
     }
 
-    /// Takes over the generations a clean close left (an open whose index came from
-    /// the checkpoint, which holds the hot entries and counts only), and adds their
-    /// keys to the shards' counts. Runs before `Index::finish_recovery`, which
+    /// While the store runs: writes the cold state if the tier changed since the last
+    /// one (`write_state`, without a checkpoint). A failure leaves the tier marked
+    /// changed, for the next reaper round.
+    pub(crate) fn persist(
+        &self,
+        vfs: &dyn Vfs,
+        index: &Index,
+        durable: impl FnOnce() -> Result<(), Error>,
+        sync: bool,
+    ) -> Result<(), Error> {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let written = self.write_state(vfs, index, None, durable, sync);
+        if written.is_err() {
+            self.dirty.store(true, Ordering::Release);
+        }
+        written
+    }
+
+    /// Generations that left the tier (merged or expired): their files are deleted once
+    /// a cold state that does not list them is written.
+    pub(crate) fn leave(&self, generations: &[Arc<Generation>]) {
+        self.leaving
+            .lock()
+            .extend(generations.iter().map(|g| g.path.clone()));
+    }
+
+    /// Takes over the generations an earlier open left (the hot index came from the
+    /// checkpoint, or from a replay of the records no spill walked: either holds the
+    /// hot entries and counts only), and adds their keys to the shards' counts. Runs
+    /// before `Index::finish_recovery`, which
     /// releases (and counts) the claims in progress of the previous process in the
     /// shards' counts; each segment's cold counters release theirs here (their lsns
     /// are all below this open's).
     pub(crate) fn restore(&self, reused: Reused, log: &Log, index: &Index) {
-        let by_seq: HashMap<u64, Arc<crate::log::Segment>> = log
+        // A row names its segment by sequence and bucket deadline. Numbers are never
+        // taken again while a generation may name them (below), the deadline makes
+        // sure of it.
+        let by_seq: HashMap<(u64, u64), Arc<crate::log::Segment>> = log
             .table
             .read()
             .segments()
-            .map(|s| (s.seq, Arc::clone(s)))
+            .map(|s| ((s.seq, s.deadline_ms), Arc::clone(s)))
             .collect();
+        let named = reused
+            .segments
+            .iter()
+            .map(|s| s.seq)
+            .chain(
+                reused
+                    .generations
+                    .iter()
+                    .flat_map(|g| g.sections.segments.iter().map(|r| r.seq)),
+            )
+            .max();
+        if let Some(seq) = named {
+            log.set_next_seq(seq.saturating_add(1));
+        }
         let shards = index.shard_count();
         let (in_progress, released) = (
             StateCounts::index(crate::format::record::State::InProgress),
@@ -289,6 +423,11 @@ impl ColdTier {
         );
         let mut spilled = self.spilled.lock();
         for segment in reused.segments {
+            if segment.deadline_ms <= reused.now_ms {
+                // Expired since the state was written: deleted unread by the recovery,
+                // its cold keys forgotten (their rows answer as expired ones do).
+                continue;
+            }
             let counts = super::new_row_counts(shards);
             for (shard, row) in segment.counts.iter().enumerate() {
                 // The shard's counts get them as they were (`finish_recovery` moves
@@ -319,7 +458,10 @@ impl ColdTier {
         let mut generations = Vec::with_capacity(reused.generations.len());
         for loaded in reused.generations {
             let rows = &loaded.sections.segments;
-            let segments = rows.iter().map(|r| by_seq.get(&r.seq).cloned()).collect();
+            let segments = rows
+                .iter()
+                .map(|r| by_seq.get(&(r.seq, r.bucket_deadline_ms)).cloned())
+                .collect();
             let counts = rows
                 .iter()
                 .map(|r| {
@@ -328,6 +470,14 @@ impl ColdTier {
                         .map_or_else(|| super::new_row_counts(shards), |s| Arc::clone(&s.counts))
                 })
                 .collect();
+            let dead = super::dead_bits(loaded.header.entry_count);
+            if !forget_kills {
+                for (word, bits) in loaded.dead {
+                    if let Some(word) = dead.get(word as usize) {
+                        word.store(bits, Ordering::Relaxed);
+                    }
+                }
+            }
             generations.push(Arc::new(Generation {
                 number: loaded.number,
                 path: loaded.path,
@@ -336,14 +486,16 @@ impl ColdTier {
                 file: loaded.file,
                 segments,
                 counts,
-                dead: loaded
-                    .dead
-                    .into_iter()
-                    .map(|word| AtomicU64::new(if forget_kills { 0 } else { word }))
-                    .collect(),
+                dead,
             }));
         }
         drop(spilled);
+        self.covered_offsets.lock().extend(
+            reused
+                .partitions
+                .iter()
+                .map(|p| ((p.namespace_id, p.partition), p.highest_offset)),
+        );
         let next = generations.iter().map(|g| g.number + 1).max().unwrap_or(1);
         self.next_generation
             .store(reused.next_generation.max(next), Ordering::Relaxed);
@@ -351,5 +503,91 @@ impl ColdTier {
             .store(generations.len() as u64, Ordering::Relaxed);
         self.any.store(!generations.is_empty(), Ordering::Release);
         *self.generations.write() = generations;
+    }
+}
+
+impl ColdTier {
+    /// After an open that replayed only the records no spill walked: each hot entry's
+    /// key is probed in every generation and the newest of its records wins. A cold
+    /// entry with a lower lsn is killed (a write after the state was written shadowed
+    /// it; the kill was in RAM only) and its key taken out of the cold counts; a hot
+    /// entry with a lower lsn than a cold one (an older record of a re-created key,
+    /// which no spill walked) is dropped. Runs after `Index::finish_recovery`, so states
+    /// are counted as this open sees them. Cost: a record read and the filter probes
+    /// per hot key. Returns (cold entries killed, hot entries dropped).
+    pub(crate) fn reconcile(&self, log: &Log, index: &Index) -> Result<(u64, u64), Error> {
+        if self.is_empty() {
+            return Ok((0, 0));
+        }
+        let generations: Vec<Arc<Generation>> = self.generations.read().clone();
+        let (mut killed, mut dropped) = (0, 0);
+        let mut positions = Vec::new();
+        for shard_index in 0..index.shard_count() {
+            let mut shard = index.lock_at(shard_index);
+            let hot: Vec<Location> = shard.entries().map(|(_, at)| at).collect();
+            for location in hot {
+                let (hash, lsn, state, namespace_id, partition, id) =
+                    log.with_record(&shard, location, |_, record| {
+                        (
+                            KeyHash::of_record(&record),
+                            record.lsn,
+                            record.state,
+                            record.namespace_id,
+                            record.placement.partition,
+                            record.id.to_vec(),
+                        )
+                    })?;
+                // Every live cold record of the key: (generation, position, row, lsn, state).
+                let mut cold = Vec::new();
+                for generation in &generations {
+                    positions.clear();
+                    generation
+                        .entries(hash, &mut positions)
+                        .map_err(|reason| Error::corruption(&generation.path, 0, reason))?;
+                    for &(position, entry) in &positions {
+                        let row = entry.segment as usize;
+                        let Some(segment) = &generation.segments[row] else {
+                            continue;
+                        };
+                        let record = segment.read(entry.offset).map_err(|reason| {
+                            Error::corruption(&segment.path, u64::from(entry.offset), reason)
+                        })?;
+                        if record.namespace_id == namespace_id
+                            && record.placement.partition == partition
+                            && record.id == id.as_slice()
+                        {
+                            cold.push((generation, position, row, record.lsn, record.state));
+                        }
+                    }
+                }
+                let newest = cold.iter().map(|c| c.3).max();
+                for &(generation, position, row, cold_lsn, cold_state) in &cold {
+                    if newest == Some(cold_lsn) && cold_lsn > lsn {
+                        continue;
+                    }
+                    generation.kill(position);
+                    let counted = shard.effective_state(cold_state, cold_lsn);
+                    if generation.count_sub(row, shard_index, counted) {
+                        shard.counts.sub(counted);
+                    }
+                    killed += 1;
+                }
+                if newest.is_some_and(|newest| newest > lsn) {
+                    let counted = shard.effective_state(state, lsn);
+                    if shard.remove_at(hash, location) {
+                        shard.counts.sub(counted);
+                        dropped += 1;
+                    }
+                }
+            }
+        }
+        if killed + dropped > 0 {
+            tracing::info!(
+                killed,
+                dropped,
+                "reconciled the replayed hot entries with the cold tier"
+            );
+        }
+        Ok((killed, dropped))
     }
 }

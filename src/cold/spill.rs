@@ -2,6 +2,7 @@
 //! generations, each written once to a temp file, synced, renamed into place and the
 //! directory synced before lookups see it; only then do the hot entries leave.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -108,9 +109,18 @@ impl ColdTier {
         sync: bool,
     ) -> Result<u64, Error> {
         let mut entries: Vec<ColdEntry> = Vec::new();
+        let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
         for (row, (segment, from, covered)) in segments.iter().enumerate() {
             let bytes = segment.file.read(0, *covered as usize);
             reader::scan(bytes, *from as usize, |offset, record| {
+                if let (Some(partition), Some(source)) =
+                    (record.placement.partition, record.placement.offset)
+                {
+                    let highest = offsets
+                        .entry((record.namespace_id, partition))
+                        .or_insert(source);
+                    *highest = (*highest).max(source);
+                }
                 let hash = KeyHash::of_record(&record);
                 let location = Location {
                     slot: segment.slot,
@@ -127,6 +137,14 @@ impl ColdTier {
                 }
             });
         }
+        {
+            let mut covered = self.covered_offsets.lock();
+            for (key, offset) in offsets {
+                let highest = covered.entry(key).or_insert(offset);
+                *highest = (*highest).max(offset);
+            }
+        }
+        self.dirty.store(true, Ordering::Relaxed);
         let counts: Vec<Arc<RowCounts>> = {
             let mut spilled = self.spilled.lock();
             segments
@@ -341,26 +359,26 @@ fn temp_path(path: &Path) -> PathBuf {
 }
 
 /// Deletes the files of generations that left the tier, then syncs the directory.
-/// Every file is tried; the first failure is returned (a file left behind is deleted
-/// at the next open, which rebuilds the index from the log).
-pub(crate) fn remove_files(log: &Log, generations: &[Arc<Generation>]) -> Result<(), Error> {
+/// Every file is tried; the first failure is returned (a file left behind is not
+/// listed by the cold state, so the next open deletes it).
+pub(crate) fn remove_files(vfs: &dyn Vfs, dir: &Path, paths: &[PathBuf]) -> Result<(), Error> {
     let mut result = Ok(());
-    for generation in generations {
-        match log.vfs().remove(&generation.path) {
+    for path in paths {
+        match vfs.remove(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 if result.is_ok() {
-                    result = Err(Error::io("deleting a cold index file", &generation.path, e));
+                    result = Err(Error::io("deleting a cold index file", path, e));
                 }
             }
         }
     }
-    if !generations.is_empty()
-        && let Err(e) = log.vfs().sync_dir(log.dir())
+    if !paths.is_empty()
+        && let Err(e) = vfs.sync_dir(dir)
         && result.is_ok()
     {
-        result = Err(Error::io("syncing directory", log.dir(), e));
+        result = Err(Error::io("syncing directory", dir, e));
     }
     result
 }

@@ -74,7 +74,11 @@ impl Engine {
             cold_counts.as_deref(),
         )?;
         match (written, cold_counts) {
-            (Some(hash), Some(_)) => self.cold.write_state(self.log.vfs(), shards, hash, sync),
+            (Some(hash), Some(_)) => {
+                // Every segment was synced above: nothing is left to make durable.
+                self.cold
+                    .write_state(self.log.vfs(), &self.index, Some(hash), || Ok(()), sync)
+            }
             _ => Ok(()),
         }
     }

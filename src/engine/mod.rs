@@ -117,15 +117,23 @@ impl Engine {
             namespaces.count(),
             read_only,
         )?;
-        // The cold tier a clean close left, before the claims of the previous process
-        // are released (its own counts included).
+        // The cold tier an earlier open left, before the claims of the previous
+        // process are released (its own counts included).
         let cold = crate::cold::ColdTier::new(dir.clone());
-        let reused = recovery.cold.take().is_some_and(|reused| {
+        let kept = recovery.cold.take().map(|reused| {
             let reused = Arc::try_unwrap(reused).expect("the report's one handle");
+            let numbers = reused.numbers();
             cold.restore(reused, &log, &index);
-            true
+            numbers
         });
         let claims_released_at_open = index.finish_recovery();
+        #[cfg(feature = "planted-bugs")]
+        let reconcile = !crate::planted::planted("cold-crash-skips-reconcile");
+        #[cfg(not(feature = "planted-bugs"))]
+        let reconcile = true;
+        if reconcile && kept.is_some() && recovery.cold_reconcile {
+            cold.reconcile(&log, &index)?;
+        }
         if claims_released_at_open > 0 {
             tracing::info!(
                 claims = claims_released_at_open,
@@ -144,7 +152,7 @@ impl Engine {
         });
 
         if !read_only {
-            cold.remove_leftovers(vfs.as_ref(), reused)?;
+            cold.remove_leftovers(vfs.as_ref(), kept.as_ref())?;
         }
         let inner = Arc::new(Engine {
             dir: dir.clone(),
@@ -274,28 +282,38 @@ impl Engine {
         crate::telemetry::record_latency(timed, _elapsed);
     }
 
-    /// A reaper round: expire the buckets whose deadline passed, hot and cold, then
-    /// hold the index to the memory budget.
+    /// A reaper round: expire the buckets whose deadline passed, hot and cold, hold
+    /// the index to the memory budget, then write the cold state if the tier changed
+    /// (after the log is durable: `ColdTier::write_state`), which lets the files of
+    /// the generations that left it go.
     fn reap(&self) -> Result<u64, Error> {
         let now = self.time.now();
         let hot = self.expiry.reap(&self.log, &self.index, now);
         // The cold tier's share of the retired buckets, whatever the hot part met.
         let _reaping = self.expiry.pause();
         let (cold, dropped) = self.cold.expire(&self.index, now.0);
-        self.expiry.count_forgotten(cold, dropped.len() as u64);
-        // The dropped generations' files go whatever the hot part met.
-        let removed = crate::cold::remove_files(&self.log, &dropped);
+        self.expiry.count_forgotten(cold, dropped);
+        let sync = self.options.durability != Durability::None;
+        let enforced = match self.options.memory_budget {
+            Some(budget) => self
+                .cold
+                .enforce(budget, &self.log, &self.index, now.0, sync)
+                .map(drop),
+            None => Ok(()),
+        };
+        // What changed before any failure above is persisted all the same.
+        let persisted = self.cold.persist(
+            self.log.vfs(),
+            &self.index,
+            || match sync {
+                true => self.committer.wait_durable(),
+                false => Ok(()),
+            },
+            sync,
+        );
         let forgotten = hot? + cold;
-        removed?;
-        if let Some(budget) = self.options.memory_budget {
-            self.cold.enforce(
-                budget,
-                &self.log,
-                &self.index,
-                now.0,
-                self.options.durability != Durability::None,
-            )?;
-        }
+        enforced?;
+        persisted?;
         Ok(forgotten)
     }
 

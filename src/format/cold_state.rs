@@ -1,32 +1,42 @@
-//! The `COLD_STATE` file (issue 11): what the cold tier keeps only in RAM, written at a
-//! clean close beside `CHECKPOINT` so that the next open reuses the generation files
-//! instead of deleting them and replaying the log. `docs/FORMAT.md` ("The COLD_STATE
-//! file") is the specification; the constants below mirror it.
+//! The `COLD_STATE` file (issue 11): what the cold tier keeps only in RAM, written
+//! after every spill, merge or expiry that changed the tier, and at a clean close
+//! beside `CHECKPOINT`, so that the next open reuses the generation files instead of
+//! deleting them and replaying the whole log. `docs/FORMAT.md` ("The COLD_STATE file")
+//! is the specification; the constants below mirror it.
 //!
 //! ```text
-//! header (64 bytes)
+//! header (80 bytes)
 //! offset size field
 //! 0      8    magic             b"IDEMCST\0"
-//! 8      4    version           1
-//! 12     4    header_len        64
+//! 8      4    version           2
+//! 12     4    header_len        80
 //! 16     4    shard_count       the store's shard count when it was written
 //! 20     4    generation_count  generation blocks that follow
 //! 24     4    segment_count     segment blocks after them
-//! 28     4    reserved          zero
-//! 32     8    checkpoint_hash   xxh3-64 of the CHECKPOINT file written with it
+//! 28     4    partition_count   entries of the partition block after them
+//! 32     8    checkpoint_hash   xxh3-64 of the CHECKPOINT file written with it (flag 0),
+//!                               else zero
 //! 40     8    next_generation   the number the next generation file gets
 //! 48     8    file_len          the length of the whole file, in bytes
-//! 56     8    checksum          xxh3-64 of bytes 0..56
+//! 56     8    lsn_floor         every record in the log when it was written has an lsn
+//!                               counter (lsn >> 16) below this
+//! 64     4    flags             bit 0: written at a clean close with a checkpoint;
+//!                               other bits zero
+//! 68     4    reserved          zero
+//! 72     8    checksum          xxh3-64 of bytes 0..72
 //!
 //! generation blocks, oldest generation first (the order lookups search in reverse)
 //! 0      8    number            the generation (its file is <number, 16 hex>.cold)
 //! 8      8    entry_count       as its file's header says
 //! 16     8    header_checksum   its file's header checksum (bytes 56..64)
-//! 24     8w   dead              w = ceil(entry_count / 64) words: bit i of word j set
-//!                               when entry 64j + i is no longer its key's newest
-//! 24+8w  8    checksum          xxh3-64 of the block's bytes 0..24+8w
+//! 24     8    dead_count        d: the non-zero words of its dead bits that follow
+//! 32     16d  dead              (word index u64, word u64), indexes strictly increasing
+//!                               and below ceil(entry_count / 64), words non-zero: bit i
+//!                               of word j set when entry 64j + i is no longer its key's
+//!                               newest record
+//! 32+16d 8    checksum          xxh3-64 of the block's bytes 0..32+16d
 //!
-//! segment blocks, one per segment some of whose records' entries are cold
+//! segment blocks, one per segment some of whose records were walked by a spill
 //! 0      8    segment_seq
 //! 8      8    bucket_deadline   unix ms
 //! 16     8    covered_len       its records before this offset were walked by a spill
@@ -35,6 +45,11 @@
 //!                               state (mark, in progress, released, completed, failed,
 //!                               tombstone)
 //! 24+48s 8    checksum          xxh3-64 of the block's bytes 0..24+48s
+//!
+//! partition block (always present), p = partition_count entries, sorted and distinct
+//! 0      16p  entries           namespace_id u32, partition u32, highest_offset u64:
+//!                               the highest source offset among the walked records
+//! 16p    8    checksum          xxh3-64 of the block's bytes 0..16p
 //! ```
 //!
 //! The decoder checks every checksum, length and count before it allocates, and never
@@ -43,21 +58,23 @@
 use super::{read_u32, read_u64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMCST\0";
-pub(crate) const VERSION: u32 = 1;
-pub(crate) const HEADER_LEN: usize = 64;
+pub(crate) const VERSION: u32 = 2;
+pub(crate) const HEADER_LEN: usize = 80;
 /// States a key is counted in (`index::StateCounts`).
 pub(crate) const STATES: usize = 6;
+const FLAG_CHECKPOINT: u32 = 1;
 
-/// One generation as the close left it.
+/// One generation as it stood.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GenerationState {
     pub number: u64,
     pub entry_count: u64,
     pub header_checksum: u64,
-    pub dead: Vec<u64>,
+    /// The non-zero words of its dead bits: (word index, word), by index.
+    pub dead: Vec<(u64, u64)>,
 }
 
-/// One segment with cold entries, as the close left it.
+/// One segment whose records a spill walked, as it stood.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SegmentState {
     pub seq: u64,
@@ -67,34 +84,50 @@ pub(crate) struct SegmentState {
     pub counts: Vec<[u64; STATES]>,
 }
 
+/// The highest source offset of one partition among the records spills walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct PartitionOffset {
+    pub namespace_id: u32,
+    pub partition: u32,
+    pub highest_offset: u64,
+}
+
 /// The whole file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ColdState {
     pub shard_count: u32,
-    pub checkpoint_hash: u64,
+    /// The hash of the `CHECKPOINT` written with it at a clean close; `None` for a
+    /// state written while the store ran.
+    pub checkpoint_hash: Option<u64>,
     pub next_generation: u64,
+    pub lsn_floor: u64,
     pub generations: Vec<GenerationState>,
     pub segments: Vec<SegmentState>,
+    pub partitions: Vec<PartitionOffset>,
 }
 
 fn checksum(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
-/// Encodes `state`: every generation's `dead` has `ceil(entry_count / 64)` words and
-/// every segment's `counts` one row per shard.
+/// Encodes `state`: every generation's `dead` sorted by index, each index below
+/// `ceil(entry_count / 64)`, each word non-zero; every segment's `counts` one row per
+/// shard; `partitions` sorted and distinct.
 pub(crate) fn encode(state: &ColdState) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN];
     for generation in &state.generations {
-        assert_eq!(
-            generation.dead.len() as u64,
-            generation.entry_count.div_ceil(64)
+        let words = generation.entry_count.div_ceil(64);
+        assert!(
+            generation.dead.windows(2).all(|w| w[0].0 < w[1].0)
+                && generation.dead.iter().all(|&(i, w)| i < words && w != 0)
         );
         let start = out.len();
         out.extend_from_slice(&generation.number.to_le_bytes());
         out.extend_from_slice(&generation.entry_count.to_le_bytes());
         out.extend_from_slice(&generation.header_checksum.to_le_bytes());
-        for word in &generation.dead {
+        out.extend_from_slice(&(generation.dead.len() as u64).to_le_bytes());
+        for &(index, word) in &generation.dead {
+            out.extend_from_slice(&index.to_le_bytes());
             out.extend_from_slice(&word.to_le_bytes());
         }
         let sum = checksum(&out[start..]);
@@ -114,6 +147,15 @@ pub(crate) fn encode(state: &ColdState) -> Vec<u8> {
         let sum = checksum(&out[start..]);
         out.extend_from_slice(&sum.to_le_bytes());
     }
+    assert!(state.partitions.windows(2).all(|w| key(&w[0]) < key(&w[1])));
+    let start = out.len();
+    for p in &state.partitions {
+        out.extend_from_slice(&p.namespace_id.to_le_bytes());
+        out.extend_from_slice(&p.partition.to_le_bytes());
+        out.extend_from_slice(&p.highest_offset.to_le_bytes());
+    }
+    let sum = checksum(&out[start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
     let file_len = out.len() as u64;
     out[0..8].copy_from_slice(&MAGIC);
     out[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -121,12 +163,24 @@ pub(crate) fn encode(state: &ColdState) -> Vec<u8> {
     out[16..20].copy_from_slice(&state.shard_count.to_le_bytes());
     out[20..24].copy_from_slice(&(state.generations.len() as u32).to_le_bytes());
     out[24..28].copy_from_slice(&(state.segments.len() as u32).to_le_bytes());
-    out[32..40].copy_from_slice(&state.checkpoint_hash.to_le_bytes());
+    out[28..32].copy_from_slice(&(state.partitions.len() as u32).to_le_bytes());
+    out[32..40].copy_from_slice(&state.checkpoint_hash.unwrap_or(0).to_le_bytes());
     out[40..48].copy_from_slice(&state.next_generation.to_le_bytes());
     out[48..56].copy_from_slice(&file_len.to_le_bytes());
-    let sum = checksum(&out[..56]);
-    out[56..64].copy_from_slice(&sum.to_le_bytes());
+    out[56..64].copy_from_slice(&state.lsn_floor.to_le_bytes());
+    let flags = if state.checkpoint_hash.is_some() {
+        FLAG_CHECKPOINT
+    } else {
+        0
+    };
+    out[64..68].copy_from_slice(&flags.to_le_bytes());
+    let sum = checksum(&out[..72]);
+    out[72..80].copy_from_slice(&sum.to_le_bytes());
     out
+}
+
+fn key(p: &PartitionOffset) -> (u32, u32) {
+    (p.namespace_id, p.partition)
 }
 
 /// Decodes and verifies a whole file.
@@ -137,13 +191,19 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
     if bytes[0..8] != MAGIC {
         return Err("not a cold state file (bad magic)");
     }
-    if read_u64(bytes, 56) != checksum(&bytes[..56]) {
+    if read_u64(bytes, 72) != checksum(&bytes[..72]) {
         return Err("cold state header checksum mismatch");
     }
     if read_u32(bytes, 8) != VERSION {
         return Err("unsupported cold state version");
     }
-    if read_u32(bytes, 12) as usize != HEADER_LEN || read_u32(bytes, 28) != 0 {
+    let flags = read_u32(bytes, 64);
+    let checkpoint_hash = read_u64(bytes, 32);
+    if read_u32(bytes, 12) as usize != HEADER_LEN
+        || flags & !FLAG_CHECKPOINT != 0
+        || read_u32(bytes, 68) != 0
+        || (flags & FLAG_CHECKPOINT == 0 && checkpoint_hash != 0)
+    {
         return Err("cold state header fields out of range");
     }
     if read_u64(bytes, 48) != bytes.len() as u64 {
@@ -152,25 +212,37 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
     let shard_count = read_u32(bytes, 16);
     let generation_count = read_u32(bytes, 20) as usize;
     let segment_count = read_u32(bytes, 24) as usize;
-    // Every block is at least 32 bytes: the counts must fit the file before anything
-    // is allocated for them.
-    let blocks = (generation_count as u64).saturating_add(segment_count as u64);
-    if blocks.saturating_mul(32) > (bytes.len() - HEADER_LEN) as u64 {
+    let partition_count = read_u32(bytes, 28) as u64;
+    // Every block is at least 32 bytes, a partition entry 16, and the partition block
+    // has its checksum: the counts must fit the file before anything is allocated.
+    let need = (generation_count as u64 + segment_count as u64) * 32 + partition_count * 16 + 8;
+    if need > (bytes.len() - HEADER_LEN) as u64 {
         return Err("cold state counts exceed the file");
     }
     let mut at = HEADER_LEN;
     let mut generations = Vec::with_capacity(generation_count);
     for _ in 0..generation_count {
-        if bytes.len() - at < 32 {
+        if bytes.len() - at < 40 {
             return Err("cold state block beyond the file");
         }
         let entry_count = read_u64(bytes, at + 8);
-        let body = block(bytes, &mut at, 24, entry_count.div_ceil(64))?;
+        let dead_count = read_u64(bytes, at + 24);
+        let body = block(bytes, &mut at, 32, dead_count.saturating_mul(2))?;
+        let words = entry_count.div_ceil(64);
+        let dead: Vec<(u64, u64)> = body[32..]
+            .chunks_exact(16)
+            .map(|pair| (read_u64(pair, 0), read_u64(pair, 8)))
+            .collect();
+        if !dead.windows(2).all(|w| w[0].0 < w[1].0)
+            || !dead.iter().all(|&(index, word)| index < words && word != 0)
+        {
+            return Err("cold state dead words out of order or range");
+        }
         generations.push(GenerationState {
             number: read_u64(body, 0),
             entry_count,
             header_checksum: read_u64(body, 16),
-            dead: body[24..].chunks_exact(8).map(|w| read_u64(w, 0)).collect(),
+            dead,
         });
     }
     let mut segments = Vec::with_capacity(segment_count);
@@ -186,18 +258,31 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
                 .collect(),
         });
     }
+    let body = block(bytes, &mut at, 0, partition_count * 2)?;
+    let partitions: Vec<PartitionOffset> = body
+        .chunks_exact(16)
+        .map(|e| PartitionOffset {
+            namespace_id: read_u32(e, 0),
+            partition: read_u32(e, 4),
+            highest_offset: read_u64(e, 8),
+        })
+        .collect();
+    if !partitions.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
+        return Err("cold state partitions out of order");
+    }
     if at != bytes.len() {
         return Err("cold state longer than its blocks");
     }
     Ok(ColdState {
         shard_count,
-        checkpoint_hash: read_u64(bytes, 32),
+        checkpoint_hash: (flags & FLAG_CHECKPOINT != 0).then_some(checkpoint_hash),
         next_generation: read_u64(bytes, 40),
+        lsn_floor: read_u64(bytes, 56),
         generations,
         segments,
+        partitions,
     })
 }
-
 /// The block at `*at`: `fixed` bytes, `words` u64s, then the checksum of them all,
 /// verified; moves `*at` past it.
 fn block<'a>(
@@ -226,20 +311,21 @@ mod tests {
     fn sample() -> ColdState {
         ColdState {
             shard_count: 2,
-            checkpoint_hash: 0xfeed,
+            checkpoint_hash: Some(0xfeed),
             next_generation: 9,
+            lsn_floor: 1 << 20,
             generations: vec![
                 GenerationState {
                     number: 3,
                     entry_count: 130,
                     header_checksum: 77,
-                    dead: vec![1, 0, 1 << 1],
+                    dead: vec![(0, 1), (2, 1 << 1)],
                 },
                 GenerationState {
                     number: 8,
                     entry_count: 64,
                     header_checksum: 78,
-                    dead: vec![u64::MAX],
+                    dead: vec![(0, u64::MAX)],
                 },
             ],
             segments: vec![SegmentState {
@@ -248,13 +334,31 @@ mod tests {
                 covered_len: 4096,
                 counts: vec![[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]],
             }],
+            partitions: vec![
+                PartitionOffset {
+                    namespace_id: 0,
+                    partition: 3,
+                    highest_offset: 77,
+                },
+                PartitionOffset {
+                    namespace_id: 1,
+                    partition: 0,
+                    highest_offset: 5,
+                },
+            ],
         }
     }
 
     #[test]
     fn the_encoding_round_trips() {
         let state = sample();
-        assert_eq!(decode(&encode(&state)), Ok(state));
+        assert_eq!(decode(&encode(&state)), Ok(state.clone()));
+        let running = ColdState {
+            checkpoint_hash: None,
+            partitions: Vec::new(),
+            ..state
+        };
+        assert_eq!(decode(&encode(&running)), Ok(running));
     }
 
     /// Every single-byte change and every truncation is refused, never a panic and
@@ -281,12 +385,12 @@ mod tests {
     fn huge_counts_are_refused_before_allocating() {
         let mut bytes = encode(&sample());
         bytes[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-        let sum = checksum(&bytes[..56]);
-        bytes[56..64].copy_from_slice(&sum.to_le_bytes());
+        let sum = checksum(&bytes[..72]);
+        bytes[72..80].copy_from_slice(&sum.to_le_bytes());
         assert_eq!(decode(&bytes), Err("cold state counts exceed the file"));
         let mut bytes = encode(&sample());
-        // The first generation's entry count: far beyond the file.
-        bytes[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
+        // The first generation's dead word count: far beyond the file.
+        bytes[HEADER_LEN + 24..HEADER_LEN + 32].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
         assert_eq!(decode(&bytes), Err("cold state block beyond the file"));
     }
 }

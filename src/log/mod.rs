@@ -208,9 +208,11 @@ impl Log {
         }
     }
 
-    /// Sets the next segment sequence after recovery.
+    /// Raises the next segment sequence after recovery (never lowers it: the cold
+    /// tier's rows name segments by sequence, and one that expired must never have
+    /// its number taken by a new segment).
     pub(crate) fn set_next_seq(&self, seq: u64) {
-        self.next_seq.store(seq, Ordering::Relaxed);
+        self.next_seq.fetch_max(seq, Ordering::Relaxed);
     }
 
     /// Appends `record` to the calling thread's stripe of the active segments of the

@@ -33,6 +33,7 @@ use self::survey::Verdict;
 use crate::addr::Lsn;
 use crate::checkpoint;
 use crate::error::{Corruption, Error};
+use crate::format::segment_header;
 use crate::index::Index;
 use crate::io::Vfs;
 use crate::log::{Log, Segment};
@@ -59,9 +60,12 @@ pub(crate) struct RecoveryReport {
     /// writes after `PARTITIONS` has every offset).
     pub highest_offsets: std::collections::HashMap<(u32, u32), u64>,
     pub duration: std::time::Duration,
-    /// The cold index files a clean close left, checked and ready to be taken over
-    /// (opened from the checkpoint only; `Arc` so the report stays `Clone`).
+    /// The cold index files an earlier open left, checked and ready to be taken over
+    /// (`Arc` so the report stays `Clone`).
     pub cold: Option<Arc<crate::cold::Reused>>,
+    /// The replay skipped the records spills walked: the hot entries must be
+    /// reconciled with the cold tier once it is restored (`ColdTier::reconcile`).
+    pub cold_reconcile: bool,
 }
 
 /// Average bytes per record assumed when sizing the index before replay.
@@ -92,16 +96,9 @@ pub(crate) fn recover(
     } else {
         checkpoint::take(vfs, &dir, &names)?
     };
-    let cold_state = if read_only {
-        checkpoint::read_named(vfs, &dir, &names, crate::layout::COLD_STATE)
-    } else {
-        checkpoint::take_named(
-            vfs,
-            &dir,
-            &names,
-            [crate::layout::COLD_STATE, crate::layout::COLD_STATE_TEMP],
-        )?
-    };
+    // Kept in place: it stays true of the generation files this open takes over
+    // (deleted with them by `ColdTier::remove_leftovers` otherwise).
+    let cold_state = checkpoint::read_named(vfs, &dir, &names, crate::layout::COLD_STATE);
     if let Some(bytes) = checkpoint {
         // The checkpoint holds the hot entries only: with cold index files in the
         // directory it is used only together with the cold state written with it.
@@ -111,10 +108,16 @@ pub(crate) fn recover(
         let cold = match (has_cold, &cold_state) {
             (false, _) => Ok(None),
             (true, None) => Err("cold index files without a cold state".to_string()),
-            (true, Some(state)) => {
-                crate::cold::load(vfs, &dir, &names, state, &bytes, options.shards, now_ms)?
-                    .map(Some)
-            }
+            (true, Some(state)) => crate::cold::load(
+                vfs,
+                &dir,
+                &names,
+                state,
+                Some(&bytes),
+                options.shards,
+                now_ms,
+            )?
+            .map(Some),
         };
         let restored = match cold {
             Ok(cold) => {
@@ -146,11 +149,38 @@ pub(crate) fn recover(
         }
     }
 
+    // The generation files an earlier open left, with the state it wrote last: only
+    // the records no spill walked are replayed (`cold::persist`).
+    let reused = match &cold_state {
+        Some(state) => {
+            match crate::cold::load(vfs, &dir, &names, state, None, options.shards, now_ms)?
+                .and_then(|reused| {
+                    covered_segments_agree(&reused, &survey, now_ms).map(|()| reused)
+                }) {
+                Ok(reused) => Some(reused),
+                Err(reason) => {
+                    tracing::warn!(
+                        reason,
+                        "the cold index files cannot be reused; replaying the whole log"
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let covered = reused.as_ref().map(|r| r.covered()).unwrap_or_default();
     let mut pending = Vec::new();
     for segment in &survey.segments {
         match &segment.verdict {
             Verdict::Damaged(damage) => corrupt(options, &mut report, damage)?,
             Verdict::Live(header) => {
+                let from = match covered.get(&header.segment_seq) {
+                    Some(&(len, deadline)) if deadline == header.bucket_deadline_ms => {
+                        (len as usize).max(segment_header::LEN)
+                    }
+                    _ => segment_header::LEN,
+                };
                 report.clock_floor_ms = report.clock_floor_ms.max(header.created_ms);
                 let slot = log.add_recovered(|slot| {
                     Segment::recovered(
@@ -166,13 +196,17 @@ pub(crate) fn recover(
                     slot,
                     path: segment.path.clone(),
                     file: Arc::clone(&segment.file),
+                    from,
                 });
             }
             Verdict::Expired | Verdict::Empty => {}
         }
     }
 
-    let total_bytes: u64 = pending.iter().map(|p| p.file.capacity()).sum();
+    let total_bytes: u64 = pending
+        .iter()
+        .map(|p| p.file.capacity().saturating_sub(p.from as u64))
+        .sum();
     index.reserve(usize::try_from(total_bytes / RECORD_LEN_ESTIMATE).unwrap_or(usize::MAX));
     let surveys = replay::replay_all(log, index, &pending, namespace_count);
     let mut max_lsn = Lsn(0);
@@ -228,6 +262,18 @@ pub(crate) fn recover(
     // Saturating: a file named with seq u64::MAX (damage, or not ours) must not panic.
     log.set_next_seq(survey.max_seq.saturating_add(1));
     index.set_lsn_floor(max_lsn);
+    if let Some(reused) = reused {
+        // What the skipped records would have told: their lsns and source offsets.
+        if let Some(floor) = reused.lsn_floor().checked_sub(1) {
+            index.set_lsn_floor(Lsn::new(floor, 0));
+        }
+        for (key, offset) in reused.highest_offsets() {
+            let highest = report.highest_offsets.entry(key).or_insert(offset);
+            *highest = (*highest).max(offset);
+        }
+        report.cold_reconcile = true;
+        report.cold = Some(Arc::new(reused));
+    }
     report.duration = started.elapsed();
     tracing::info!(
         records = report.records_replayed,
@@ -241,6 +287,45 @@ pub(crate) fn recover(
         "recovered"
     );
     Ok(report)
+}
+
+/// Every segment the cold state says a spill walked, and whose bucket is live, must be
+/// a live segment at least as long as the walked part: the replay skips that part.
+fn covered_segments_agree(
+    reused: &crate::cold::Reused,
+    survey: &survey::Survey,
+    now_ms: u64,
+) -> Result<(), String> {
+    let live: std::collections::HashMap<(u64, u64), u64> = survey
+        .segments
+        .iter()
+        .filter_map(|s| match &s.verdict {
+            Verdict::Live(header) => Some((
+                (header.segment_seq, header.bucket_deadline_ms),
+                s.file.capacity(),
+            )),
+            _ => None,
+        })
+        .collect();
+    for (seq, (covered_len, deadline_ms)) in reused.covered() {
+        if deadline_ms <= now_ms {
+            continue;
+        }
+        match live.get(&(seq, deadline_ms)) {
+            Some(&len) if len >= covered_len => {}
+            Some(&len) => {
+                return Err(format!(
+                    "segment seq {seq} is {len} bytes, shorter than the {covered_len} a spill walked"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "segment seq {seq}, which a spill walked, is not live"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Deletes a segment recovery does not keep.

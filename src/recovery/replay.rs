@@ -19,6 +19,9 @@ pub(super) struct Pending {
     pub slot: SegmentSlot,
     pub path: PathBuf,
     pub file: Arc<dyn SegmentFile>,
+    /// Where its replay starts: past the header, or past the records a spill walked
+    /// (their entries are in the cold tier).
+    pub from: usize,
 }
 
 impl Pending {
@@ -127,15 +130,17 @@ impl Worker<'_> {
             }
             let mut outboxes: Vec<Vec<Routed>> = (0..self.parts).map(|_| Vec::new()).collect();
             let bytes = self.pending[segment].bytes();
-            let survey = survey::scan_records(bytes, self.namespace_count, |offset, record| {
-                let hash = KeyHash::of_record(record);
-                outboxes[index.shard_of(hash) % self.parts].push(Routed {
-                    hash,
-                    lsn: record.lsn,
-                    offset: offset as u32,
-                    state: record.state,
+            let from = self.pending[segment].from;
+            let survey =
+                survey::scan_records(bytes, from, self.namespace_count, |offset, record| {
+                    let hash = KeyHash::of_record(record);
+                    outboxes[index.shard_of(hash) % self.parts].push(Routed {
+                        hash,
+                        lsn: record.lsn,
+                        offset: offset as u32,
+                        state: record.state,
+                    });
                 });
-            });
             surveys.push((segment, survey));
             for (to, records) in outboxes.into_iter().enumerate() {
                 let batch = Batch { segment, records };

@@ -31,7 +31,7 @@ use crate::addr::Lsn;
 use crate::error::{Corruption, Error};
 use crate::format::namespace_file;
 use crate::format::record::{self, DecodeError, StoredRecord};
-use crate::format::segment_header::{self, SegmentHeader};
+use crate::format::segment_header::SegmentHeader;
 use crate::io::{SegmentFile, Vfs};
 use crate::log::reader;
 
@@ -262,11 +262,13 @@ impl Finding {
     }
 }
 
-/// Scans a live segment's records (`bytes` is the whole file), calling
+/// Scans a live segment's records from offset `from` (a record boundary: the end of the
+/// header, or of the records a spill walked; `bytes` is the whole file), calling
 /// `each(offset, record)` for every valid record of a known namespace: the ones the
 /// open replays. Never panics.
 pub(crate) fn scan_records<'a>(
     bytes: &'a [u8],
+    from: usize,
     namespace_count: usize,
     mut each: impl FnMut(usize, &StoredRecord<'a>),
 ) -> RecordSurvey {
@@ -275,7 +277,7 @@ pub(crate) fn scan_records<'a>(
     // one partition's records update no map.
     let mut run: Option<((u32, u32), u64)> = None;
     let offsets = &mut survey.highest_offsets;
-    survey.scan = reader::scan(bytes, segment_header::LEN, |offset, record| {
+    survey.scan = reader::scan(bytes, from, |offset, record| {
         if record.namespace_id as usize >= namespace_count {
             survey.unknown_namespace.push((offset, record.namespace_id));
             return;
@@ -312,6 +314,7 @@ fn note_offset(offsets: &mut HashMap<(u32, u32), u64>, key: (u32, u32), offset: 
 mod tests {
     use super::*;
     use crate::format::record::{ClaimFields, State};
+    use crate::format::segment_header;
 
     fn mark(namespace_id: u32, lsn: u64) -> Vec<u8> {
         StoredRecord {
@@ -397,7 +400,9 @@ mod tests {
         bytes.extend(&second);
         bytes.extend(mark(1, 3));
         let mut replayed = Vec::new();
-        let survey = scan_records(&bytes, 2, |_, r| replayed.push(r.lsn.0));
+        let survey = scan_records(&bytes, segment_header::LEN, 2, |_, r| {
+            replayed.push(r.lsn.0)
+        });
         assert_eq!(replayed, vec![1, 3]);
         assert_eq!((survey.records, survey.max_lsn), (2, Lsn(3)));
         let at = segment_header::LEN + first.len();
@@ -416,7 +421,7 @@ mod tests {
         bytes.extend(&first);
         bytes.extend(mark(0, 2));
         bytes[segment_header::LEN + 10] ^= 0xff;
-        let survey = scan_records(&bytes, 1, |_, _| {});
+        let survey = scan_records(&bytes, segment_header::LEN, 1, |_, _| {});
         let findings = survey.findings(Path::new("s"), &bytes);
         assert_eq!(findings.len(), 1);
         assert!(!findings[0].always_refused);
