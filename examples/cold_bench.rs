@@ -2,8 +2,9 @@
 //! N fresh 16-byte keys from 2 threads, then duplicates of keys spread over all of them
 //! (spilled ones, with the budget), then fresh keys that probe every generation, then the
 //! open after a clean close (the generation files reused: duplicates with the page
-//! cache dropped, when root, then warm), then the open after a crash (no CHECKPOINT or
-//! COLD_STATE: the log replayed). Reports anonymous RSS per key (`/proc/self/status`),
+//! cache dropped, when root, then warm), then writes after it (some spilled, some not)
+//! and a kill -9 of the child, and the open after it in a new child (the generations
+//! reused, the records no spill walked replayed). Reports anonymous RSS per key (`/proc/self/status`),
 //! its peak (sampled every 5 ms by a thread), the hot tables' and the generations' bytes
 //! per key, disk per key, rates, and call latency (p50 / p99 / p999).
 //!
@@ -13,8 +14,7 @@
 //! ```
 //!
 //! Each configuration runs in a child process of its own, so its RSS is its alone.
-//! `COLD_BENCH_NO_REPLAY=1` skips the open after a crash (a replay needs the whole
-//! index in RAM once: beyond this machine's RAM at 500M keys).
+//! `COLD_BENCH_NO_REPLAY=1` skips the crash and the open after it.
 
 use std::time::{Duration, Instant};
 
@@ -241,27 +241,82 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
     store.close().unwrap();
     drop(store);
     if std::env::var_os("COLD_BENCH_NO_REPLAY").is_some() {
-        println!(
-            "  reopen after a crash: skipped (COLD_BENCH_NO_REPLAY: the replay holds the whole index)"
-        );
+        println!("  reopen after a crash: skipped (COLD_BENCH_NO_REPLAY)");
         return;
     }
-    // What an open after kill -9 finds: no CHECKPOINT, no COLD_STATE.
-    for name in ["CHECKPOINT", "COLD_STATE"] {
-        let _ = std::fs::remove_file(dir.join(name));
-    }
-    peak.take();
-    let started = Instant::now();
+    // A crash: writes after the clean reopen, some spilled (a reaper round writes the
+    // cold state), more after it that no spill walked, then kill -9 of this process.
+    // The parent opens the directory again in a child of its own (`reopen`).
     let store = open();
+    let ns = store
+        .namespace("bench", Policy::ttl(Duration::from_secs(24 * 3600)))
+        .unwrap();
+    let extra = (keys / 100).max(10_000);
+    for i in 0..2 * extra {
+        assert_eq!(
+            ns.check_and_set(key(CRASH_KEYS + i)).unwrap(),
+            Outcome::First
+        );
+        if i + 1 == extra {
+            store.expire_now().unwrap();
+        }
+    }
+    store.flush().unwrap();
+    println!("  {extra} keys written and spilled, {extra} more written, then kill -9");
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    let pid = std::process::id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status();
+    unreachable!("kill -9 of this process returned");
+}
+
+/// The first key of the crash phase's writes (far from every other key).
+const CRASH_KEYS: u64 = 1 << 62;
+
+/// The open after the kill -9 of `child`: its time, what it replayed and rebuilt, its
+/// peak anonymous RSS, and duplicates of spilled and of replayed keys.
+fn reopen_after_crash(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
+    let peak = PeakAnon::start();
+    let started = Instant::now();
+    let mut builder = Store::builder(dir)
+        .durability(Durability::Interval(Duration::from_millis(100)))
+        .shards(256);
+    if let Some(b) = budget {
+        builder = builder.memory_budget(b);
+    }
+    let store = builder.open().unwrap();
     let opened = started.elapsed();
     let stats = store.stats();
-    store.expire_now().unwrap();
+    let extra = (keys / 100).max(10_000);
     println!(
-        "  reopen after a crash {opened:.2?} ({} records replayed, {} cold files rebuilt; peak anonymous RSS {:.2} B/key: the whole index in RAM once); after the first spill {:.2} B/key",
+        "  reopen after kill -9 {opened:.2?} ({} records replayed, {} generations reused, {} cold files rebuilt; peak anonymous RSS {:.2} B/key), then {:.2} B/key",
         stats.records_replayed,
+        stats.cold.reused_at_open,
         stats.cold.rebuilt_at_open,
-        peak.take() as f64 / (keys + more) as f64,
-        status("RssAnon:") as f64 / (keys + more) as f64
+        peak.take() as f64 / keys as f64,
+        status("RssAnon:") as f64 / keys as f64
+    );
+    let ns = store
+        .namespace("bench", Policy::ttl(Duration::from_secs(24 * 3600)))
+        .unwrap();
+    let spread = |i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % keys;
+    for i in 0..100_000 {
+        assert!(matches!(
+            ns.check_and_set(key(spread(i))).unwrap(),
+            Outcome::Duplicate(_)
+        ));
+    }
+    for i in 0..2 * extra {
+        assert!(matches!(
+            ns.check_and_set(key(CRASH_KEYS + i)).unwrap(),
+            Outcome::Duplicate(_)
+        ));
+    }
+    println!(
+        "  after it: 100000 spread keys and the {} crash-phase keys all duplicates",
+        2 * extra
     );
 }
 
@@ -281,12 +336,12 @@ fn main() {
         let mut parts = spec.split(';');
         let keys: u64 = parts.next().unwrap().parse().unwrap();
         let budget: u64 = parts.next().unwrap().parse().unwrap();
-        let dir = parts.next().unwrap();
-        child(
-            keys,
-            (budget > 0).then_some(budget),
-            std::path::Path::new(dir),
-        );
+        let dir = std::path::Path::new(parts.next().unwrap());
+        let budget = (budget > 0).then_some(budget);
+        match parts.next() {
+            Some("reopen") => reopen_after_crash(keys, budget, dir),
+            _ => child(keys, budget, dir),
+        }
         return;
     }
     let keys: u64 = args.next().map_or(20_000_000, |a| a.parse().unwrap());
@@ -299,13 +354,25 @@ fn main() {
     };
     for &budget in configs {
         let dir = tempfile::tempdir_in(&base).unwrap();
+        let spec = format!("{keys};{budget};{}", dir.path().display());
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .env(
-                "COLD_BENCH_CHILD",
-                format!("{keys};{budget};{}", dir.path().display()),
-            )
+            .env("COLD_BENCH_CHILD", &spec)
             .status()
             .unwrap();
-        assert!(status.success(), "the benchmark child failed: {status:?}");
+        if std::env::var_os("COLD_BENCH_NO_REPLAY").is_some() {
+            assert!(status.success(), "the benchmark child failed: {status:?}");
+            continue;
+        }
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "the benchmark child did not end by its kill -9: {status:?}"
+        );
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .env("COLD_BENCH_CHILD", format!("{spec};reopen"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "the reopen child failed: {status:?}");
     }
 }
