@@ -91,12 +91,17 @@ pub struct ColdTierStats {
     pub merges: u64,
     /// Index entries moved out of the hot tables since open.
     pub spilled_keys: u64,
-    /// Generation files this open took over from a clean close (`COLD_STATE`).
+    /// Generation files this open took over from the previous one (`COLD_STATE`),
+    /// after a clean close or a crash.
     pub reused_at_open: u64,
-    /// Generation files this open found but could not reuse — no clean close, a
-    /// damaged or missing file, a checkpoint that did not match: deleted, and their
-    /// keys rebuilt from the log by the replay.
+    /// Generation files this open found but could not reuse — no usable cold state, a
+    /// damaged or missing file: deleted, and their keys rebuilt from the log by the
+    /// replay.
     pub rebuilt_at_open: u64,
+    /// Damaged generation pages lookups met since open (each an `Error::Corruption`
+    /// for the call that met it, never an answer). The first one removes `COLD_STATE`,
+    /// so that the next open rebuilds the tier from the log.
+    pub damaged_pages: u64,
 }
 
 /// What replication did and holds (`Stats::replication`).

@@ -263,6 +263,12 @@ pub(crate) fn metric_values(stats: &Stats) -> Vec<MetricValue> {
             None,
             cold.rebuilt_at_open,
         ),
+        metric(
+            "idemstore_cold_damaged_pages_total",
+            Counter,
+            None,
+            cold.damaged_pages,
+        ),
     ]);
     values.push(MetricValue {
         name: "idemstore_replication_lag_seconds",

@@ -23,6 +23,7 @@
 
 mod merge;
 mod persist;
+mod reconcile;
 mod spill;
 
 use std::path::PathBuf;
@@ -96,7 +97,11 @@ fn dead_bits(entries: u64) -> Box<[AtomicU64]> {
 impl Generation {
     /// The live entries of `hash` with their positions: the filter, the fences, then
     /// each page that may hold it, its checksum verified.
-    fn entries(&self, hash: KeyHash, out: &mut Vec<(u64, ColdEntry)>) -> Result<(), &'static str> {
+    fn entries(
+        &self,
+        hash: KeyHash,
+        out: &mut Vec<(u64, ColdEntry)>,
+    ) -> Result<(), (u64, &'static str)> {
         if !self.sections.filter.may_contain(hash.0) {
             return Ok(());
         }
@@ -104,7 +109,7 @@ impl Generation {
         for page in cold_index::pages_for(&self.sections.fences, hash.0) {
             let at = self.header.page_offset(page);
             if at + PAGE_LEN as u64 > self.file.capacity() {
-                return Err("cold index page beyond the file");
+                return Err((at, "cold index page beyond the file"));
             }
             found.clear();
             let bytes = self.file.read(at, PAGE_LEN);
@@ -116,7 +121,7 @@ impl Generation {
                 hash.0,
                 &mut found,
             )
-            .map_err(|e| e.reason())?;
+            .map_err(|e| (at, e.reason()))?;
             let first = u64::from(page) * cold_index::PAGE_ENTRIES as u64;
             for &(i, entry) in &found {
                 let position = first + i as u64;
@@ -223,6 +228,7 @@ pub(crate) struct ColdStats {
     pub spilled_keys: u64,
     pub reused_at_open: u64,
     pub rebuilt_at_open: u64,
+    pub damaged_pages: u64,
 }
 
 /// The cold tier of one store.
@@ -254,11 +260,15 @@ pub(crate) struct ColdTier {
     /// Generation files this open found but could not reuse (deleted; the index was
     /// rebuilt from the log).
     rebuilt: AtomicU64,
+    /// Damaged pages lookups met; after the first, no cold state is written again.
+    damaged_pages: AtomicU64,
     dir: PathBuf,
+    vfs: Arc<dyn crate::io::Vfs>,
+    read_only: bool,
 }
 
 impl ColdTier {
-    pub(crate) fn new(dir: PathBuf) -> ColdTier {
+    pub(crate) fn new(dir: PathBuf, vfs: Arc<dyn crate::io::Vfs>, read_only: bool) -> ColdTier {
         ColdTier {
             generations: RwLock::new(Vec::new()),
             any: AtomicBool::new(false),
@@ -273,7 +283,10 @@ impl ColdTier {
             spilled_keys: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             rebuilt: AtomicU64::new(0),
+            damaged_pages: AtomicU64::new(0),
             dir,
+            vfs,
+            read_only,
         }
     }
 
@@ -300,7 +313,7 @@ impl ColdTier {
             entries.clear();
             generation
                 .entries(hash, &mut entries)
-                .map_err(|reason| crate::error::Error::corruption(&generation.path, 0, reason))?;
+                .map_err(|(at, reason)| self.damaged(generation, at, reason))?;
             let mut best: Option<(crate::addr::Lsn, usize, u32, u64)> = None;
             for &(position, entry) in &entries {
                 let row = entry.segment as usize;
@@ -324,6 +337,35 @@ impl ColdTier {
             }
         }
         Ok(None)
+    }
+
+    /// A lookup met a damaged page at `at` of `generation`: the error for its caller
+    /// (never an answer). The first one removes `COLD_STATE` (and no state is written
+    /// after it), so that the next open deletes the generation files and rebuilds the
+    /// index from the log.
+    #[cold]
+    pub(crate) fn damaged(
+        &self,
+        generation: &Generation,
+        at: u64,
+        reason: &'static str,
+    ) -> crate::error::Error {
+        if self.damaged_pages.fetch_add(1, Ordering::AcqRel) == 0 {
+            tracing::error!(file = %generation.path.display(), offset = at, reason, "a damaged cold index page: its lookups fail until the next open rebuilds the index from the log");
+            let path = self.dir.join(crate::layout::COLD_STATE);
+            if !self.read_only
+                && let Err(e) = self.vfs.remove(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::error!(error = %e, "could not remove the cold state: the next open may reuse the damaged file, and its lookups fail again");
+            }
+        }
+        crate::error::Error::corruption(&generation.path, at, reason)
+    }
+
+    /// Whether a lookup met a damaged page (no cold state may be written).
+    pub(crate) fn is_damaged(&self) -> bool {
+        self.damaged_pages.load(Ordering::Acquire) > 0
     }
 
     /// Takes out of the shards' counts the cold keys of every segment whose bucket
@@ -381,6 +423,7 @@ impl ColdTier {
             spilled_keys: self.spilled_keys.load(Ordering::Relaxed),
             reused_at_open: self.reused.load(Ordering::Relaxed),
             rebuilt_at_open: self.rebuilt.load(Ordering::Relaxed),
+            damaged_pages: self.damaged_pages.load(Ordering::Relaxed),
             ..ColdStats::default()
         };
         for generation in generations.iter() {

@@ -99,41 +99,32 @@ impl Engine {
 
         let namespaces = Namespaces::open(vfs.as_ref(), &dir, read_only)?;
         let poison = Arc::new(Poison::default());
-        let log = Arc::new(Log::new(
-            dir.clone(),
-            Arc::clone(&vfs),
-            Arc::clone(&poison),
-            options.segment_size_bytes,
-            options.bucket_width_ms,
-            options.log_stripes(),
-            1,
-        ));
-        let index = Index::new(options.shards);
-        let mut recovery = recovery::recover(
-            &log,
-            &index,
-            vfs.as_ref(),
-            &options,
-            namespaces.count(),
-            read_only,
-        )?;
-        // The cold tier an earlier open left, before the claims of the previous
-        // process are released (its own counts included).
-        let cold = crate::cold::ColdTier::new(dir.clone());
-        let kept = recovery.cold.take().map(|reused| {
-            let reused = Arc::try_unwrap(reused).expect("the report's one handle");
-            let numbers = reused.numbers();
-            cold.restore(reused, &log, &index);
-            numbers
-        });
-        let claims_released_at_open = index.finish_recovery();
-        #[cfg(feature = "planted-bugs")]
-        let reconcile = !crate::planted::planted("cold-crash-skips-reconcile");
-        #[cfg(not(feature = "planted-bugs"))]
-        let reconcile = true;
-        if reconcile && kept.is_some() && recovery.cold_reconcile {
-            cold.reconcile(&log, &index)?;
-        }
+        let recover = |reuse_cold| {
+            recover_index(
+                &dir,
+                &options,
+                &vfs,
+                &poison,
+                namespaces.count(),
+                reuse_cold,
+            )
+        };
+        let Recovered {
+            log,
+            index,
+            recovery,
+            cold,
+            kept,
+            claims_released_at_open,
+        } = match recover(true)? {
+            Ok(recovered) => recovered,
+            Err(e) => {
+                // The reconciliation met damage (a cold page, or a record it names):
+                // never an open refused for it, the whole log is replayed instead.
+                tracing::error!(error = %e, "the cold index files cannot be reused; replaying the whole log");
+                recover(false)??
+            }
+        };
         if claims_released_at_open > 0 {
             tracing::info!(
                 claims = claims_released_at_open,
@@ -370,7 +361,81 @@ impl Engine {
                 spilled_keys: cold.spilled_keys,
                 reused_at_open: cold.reused_at_open,
                 rebuilt_at_open: cold.rebuilt_at_open,
+                damaged_pages: cold.damaged_pages,
             },
         }
     }
+}
+
+/// What recovery rebuilt: the log's segment table, the index, the cold tier, and the
+/// claims of the previous process released.
+struct Recovered {
+    log: Arc<Log>,
+    index: Index,
+    recovery: recovery::RecoveryReport,
+    cold: crate::cold::ColdTier,
+    /// The generations taken over (their files stay).
+    kept: Option<std::collections::BTreeSet<u64>>,
+    claims_released_at_open: u64,
+}
+
+/// Recovers the index (`recovery::recover`), then takes over the cold tier an earlier
+/// open left (`reuse_cold`), before the claims of the previous process are released
+/// (its own counts included), and reconciles it with a replay. `Ok(Err)`: the
+/// reconciliation failed (damage in a cold page or a record it names), and a recovery
+/// without the cold tier is the way on.
+fn recover_index(
+    dir: &Path,
+    options: &Options,
+    vfs: &Arc<dyn Vfs>,
+    poison: &Arc<Poison>,
+    namespace_count: usize,
+    reuse_cold: bool,
+) -> Result<Result<Recovered, Error>, Error> {
+    let log = Arc::new(Log::new(
+        dir.to_path_buf(),
+        Arc::clone(vfs),
+        Arc::clone(poison),
+        options.segment_size_bytes,
+        options.bucket_width_ms,
+        options.log_stripes(),
+        1,
+    ));
+    let index = Index::new(options.shards);
+    let mut recovery = recovery::recover(
+        &log,
+        &index,
+        vfs.as_ref(),
+        options,
+        namespace_count,
+        options.read_only,
+        reuse_cold,
+    )?;
+    let cold = crate::cold::ColdTier::new(dir.to_path_buf(), Arc::clone(vfs), options.read_only);
+    let kept = recovery.cold.take().map(|reused| {
+        let reused = Arc::try_unwrap(reused).expect("the report's one handle");
+        let numbers = reused.numbers();
+        cold.restore(reused, &log, &index);
+        numbers
+    });
+    let claims_released_at_open = index.finish_recovery();
+    #[cfg(feature = "planted-bugs")]
+    let reconcile = !crate::planted::planted("cold-crash-skips-reconcile");
+    #[cfg(not(feature = "planted-bugs"))]
+    let reconcile = true;
+    if reconcile
+        && kept.is_some()
+        && recovery.cold_reconcile
+        && let Err(e) = cold.reconcile(&log, &index)
+    {
+        return Ok(Err(e));
+    }
+    Ok(Ok(Recovered {
+        log,
+        index,
+        recovery,
+        cold,
+        kept,
+        claims_released_at_open,
+    }))
 }

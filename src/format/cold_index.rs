@@ -53,7 +53,9 @@ mod filter;
 mod write;
 
 pub(crate) use filter::{FilterBuilder, FilterParts, PART_KEYS};
-pub(crate) use write::{ColdWriter, encode};
+pub(crate) use write::ColdWriter;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use write::encode;
 #[cfg(test)]
 use write::{encode_in_parts, encode_page};
 

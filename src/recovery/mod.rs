@@ -72,7 +72,8 @@ pub(crate) struct RecoveryReport {
 const RECORD_LEN_ESTIMATE: u64 = 48;
 
 /// Rebuilds `index` and `log`'s segment table from the directory of `log`. With
-/// `read_only`, changes nothing in the directory (see the module docs).
+/// `read_only`, changes nothing in the directory (see the module docs). Without
+/// `reuse_cold`, the cold state is ignored (the generation files are rebuilt).
 pub(crate) fn recover(
     log: &Log,
     index: &Index,
@@ -80,6 +81,7 @@ pub(crate) fn recover(
     options: &Options,
     namespace_count: usize,
     read_only: bool,
+    reuse_cold: bool,
 ) -> Result<RecoveryReport, Error> {
     let started = Instant::now();
     let dir = log.dir().to_path_buf();
@@ -98,7 +100,9 @@ pub(crate) fn recover(
     };
     // Kept in place: it stays true of the generation files this open takes over
     // (deleted with them by `ColdTier::remove_leftovers` otherwise).
-    let cold_state = checkpoint::read_named(vfs, &dir, &names, crate::layout::COLD_STATE);
+    let cold_state = reuse_cold
+        .then(|| checkpoint::read_named(vfs, &dir, &names, crate::layout::COLD_STATE))
+        .flatten();
     if let Some(bytes) = checkpoint {
         // The checkpoint holds the hot entries only: with cold index files in the
         // directory it is used only together with the cold state written with it.

@@ -97,6 +97,7 @@ pub fn recover(vfs: &SimVfs, dir: &Path, how: RecoverOptions) -> Result<Recovere
         &options,
         namespaces.count(),
         how.read_only,
+        true,
     )?;
     let index_entries = index
         .shards()

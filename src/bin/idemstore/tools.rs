@@ -488,6 +488,12 @@ fn verify_inner(dir: &Path) -> Result<ExitCode, Failure> {
         bytes_human(report.bytes),
         thousands(report.records)
     );
+    if report.cold_files > 0 {
+        println!(
+            "  cold  {} cold index files checked page by page (memory_budget)",
+            report.cold_files
+        );
+    }
     for name in &report.foreign_files {
         println!("  note  {name}: not an idemstore file (left alone)");
     }

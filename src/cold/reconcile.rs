@@ -1,0 +1,97 @@
+//! The reconciliation after an open that replayed only what no spill walked
+//! (`persist` has the rest of the reuse): the writes made after the last cold state
+//! shadowed cold entries in RAM only, and their records are the hot entries now.
+
+use std::sync::Arc;
+
+use super::{ColdTier, Generation};
+use crate::addr::Location;
+use crate::error::Error;
+use crate::index::{Index, KeyHash};
+use crate::log::Log;
+
+impl ColdTier {
+    /// After an open that replayed only the records no spill walked: each hot entry's
+    /// key is probed in every generation and the newest of its records wins. A cold
+    /// entry with a lower lsn is killed (a write after the state was written shadowed
+    /// it; the kill was in RAM only) and its key taken out of the cold counts; a hot
+    /// entry with a lower lsn than a cold one (an older record of a re-created key,
+    /// which no spill walked) is dropped. Runs after `Index::finish_recovery`, so states
+    /// are counted as this open sees them. Cost: a record read and the filter probes
+    /// per hot key. Returns (cold entries killed, hot entries dropped).
+    pub(crate) fn reconcile(&self, log: &Log, index: &Index) -> Result<(u64, u64), Error> {
+        if self.is_empty() {
+            return Ok((0, 0));
+        }
+        let generations: Vec<Arc<Generation>> = self.generations.read().clone();
+        let (mut killed, mut dropped) = (0, 0);
+        let mut positions = Vec::new();
+        for shard_index in 0..index.shard_count() {
+            let mut shard = index.lock_at(shard_index);
+            let hot: Vec<Location> = shard.entries().map(|(_, at)| at).collect();
+            for location in hot {
+                let (hash, lsn, state, namespace_id, partition, id) =
+                    log.with_record(&shard, location, |_, record| {
+                        (
+                            KeyHash::of_record(&record),
+                            record.lsn,
+                            record.state,
+                            record.namespace_id,
+                            record.placement.partition,
+                            record.id.to_vec(),
+                        )
+                    })?;
+                // Every live cold record of the key: (generation, position, row, lsn, state).
+                let mut cold = Vec::new();
+                for generation in &generations {
+                    positions.clear();
+                    generation
+                        .entries(hash, &mut positions)
+                        .map_err(|(at, reason)| self.damaged(generation, at, reason))?;
+                    for &(position, entry) in &positions {
+                        let row = entry.segment as usize;
+                        let Some(segment) = &generation.segments[row] else {
+                            continue;
+                        };
+                        let record = segment.read(entry.offset).map_err(|reason| {
+                            Error::corruption(&segment.path, u64::from(entry.offset), reason)
+                        })?;
+                        if record.namespace_id == namespace_id
+                            && record.placement.partition == partition
+                            && record.id == id.as_slice()
+                        {
+                            cold.push((generation, position, row, record.lsn, record.state));
+                        }
+                    }
+                }
+                let newest = cold.iter().map(|c| c.3).max();
+                for &(generation, position, row, cold_lsn, cold_state) in &cold {
+                    if newest == Some(cold_lsn) && cold_lsn > lsn {
+                        continue;
+                    }
+                    generation.kill(position);
+                    let counted = shard.effective_state(cold_state, cold_lsn);
+                    if generation.count_sub(row, shard_index, counted) {
+                        shard.counts.sub(counted);
+                    }
+                    killed += 1;
+                }
+                if newest.is_some_and(|newest| newest > lsn) {
+                    let counted = shard.effective_state(state, lsn);
+                    if shard.remove_at(hash, location) {
+                        shard.counts.sub(counted);
+                        dropped += 1;
+                    }
+                }
+            }
+        }
+        if killed + dropped > 0 {
+            tracing::info!(
+                killed,
+                dropped,
+                "reconciled the replayed hot entries with the cold tier"
+            );
+        }
+        Ok((killed, dropped))
+    }
+}
