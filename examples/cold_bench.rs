@@ -14,7 +14,9 @@
 //! ```
 //!
 //! Each configuration runs in a child process of its own, so its RSS is its alone.
-//! `COLD_BENCH_NO_REPLAY=1` skips the crash and the open after it.
+//! `COLD_BENCH_NO_REPLAY=1` skips the crash and the open after it; `COLD_BENCH_DUPS=n`
+//! runs n duplicates per phase instead of 2,000,000 (data larger than the page cache
+//! makes each a disk read).
 
 use std::time::{Duration, Instant};
 
@@ -177,7 +179,13 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
         stats.cold.disk_bytes as f64 / keys as f64,
     );
     // Duplicates of the oldest keys (spilled first), a pseudo-random walk over them.
-    let dups = (keys / 4).min(2_000_000);
+    // `COLD_BENCH_DUPS`: fewer duplicates per phase, for sizes whose data outgrows the
+    // page cache (each one then reads from disk).
+    let dups = std::env::var("COLD_BENCH_DUPS")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(2_000_000)
+        .min(keys / 4);
     let spread = |i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % keys;
     let duplicate = |i: u64| {
         assert!(matches!(

@@ -356,5 +356,6 @@ pub fn cold_state_seed() -> Vec<u8> {
             partition: 7,
             highest_offset: 4_242,
         }],
+        open_counters: vec![3, 4],
     })
 }

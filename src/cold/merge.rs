@@ -82,6 +82,9 @@ impl ColdTier {
             }
             self.any.store(!generations.is_empty(), Ordering::Release);
         }
+        // Their files go once a cold state without them is written.
+        self.leave(&[Arc::clone(&older), Arc::clone(&newer)]);
+        self.dirty.store(true, Ordering::Relaxed);
         if let Some(merged) = &merged {
             // A write that found its key in `older` or `newer` kills the entry there,
             // under the key's shard lock, and maybe after the snapshot above. No
@@ -113,9 +116,6 @@ impl ColdTier {
             into = number,
             "merged two cold generations"
         );
-        // Their files go once a cold state without them is written.
-        self.leave(&[older, newer]);
-        self.dirty.store(true, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -69,6 +69,8 @@ pub(crate) struct Generation {
     pub number: u64,
     pub path: PathBuf,
     header: Header,
+    /// Its header's checksum (bytes 56..64), as the cold state names it.
+    header_checksum: u64,
     sections: Sections,
     file: Arc<dyn SegmentFile>,
     /// The segment of each row of the file's segment table; `None` for a segment that
@@ -252,6 +254,9 @@ pub(crate) struct ColdTier {
     /// The highest source offset of each partition `(namespace id, partition)` among
     /// the records spills walked: an open that skips them learns it from the state.
     covered_offsets: Mutex<std::collections::HashMap<(u32, u32), u64>>,
+    /// The open counters of the cold state this open took over (`reconcile`: which of
+    /// its claims in progress it counted in progress).
+    state_open_counters: Mutex<Vec<u64>>,
     spills: AtomicU64,
     merges: AtomicU64,
     spilled_keys: AtomicU64,
@@ -278,6 +283,7 @@ impl ColdTier {
             leaving: Mutex::new(Vec::new()),
             dirty: AtomicBool::new(false),
             covered_offsets: Mutex::new(std::collections::HashMap::new()),
+            state_open_counters: Mutex::new(Vec::new()),
             spills: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             spilled_keys: AtomicU64::new(0),
@@ -384,6 +390,8 @@ impl ColdTier {
         });
         let mut forgotten = 0;
         if !expired.is_empty() {
+            // The state must stop naming them: their files go now.
+            self.dirty.store(true, Ordering::Relaxed);
             for (i, shard) in index.shards().enumerate() {
                 let mut shard = shard.lock();
                 for counts in &expired {

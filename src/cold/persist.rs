@@ -43,6 +43,7 @@ pub(crate) struct Reused {
     next_generation: u64,
     lsn_floor: u64,
     partitions: Vec<PartitionOffset>,
+    open_counters: Vec<u64>,
     /// The clock when it was loaded: segments whose bucket expired by then were
     /// deleted by the recovery, and their keys are not counted.
     now_ms: u64,
@@ -52,6 +53,7 @@ struct Loaded {
     number: u64,
     path: PathBuf,
     header: Header,
+    header_checksum: u64,
     sections: Sections,
     file: Arc<dyn SegmentFile>,
     dead: Vec<(u64, u64)>,
@@ -133,6 +135,7 @@ pub(crate) fn load(
         generations,
         segments,
         partitions,
+        open_counters,
     } = state;
     if shard_count as usize != shards {
         return Ok(Err(format!(
@@ -185,6 +188,7 @@ pub(crate) fn load(
         next_generation,
         lsn_floor,
         partitions,
+        open_counters,
         now_ms,
     }))
 }
@@ -237,6 +241,7 @@ fn open_generation(
         number: state.number,
         path,
         header,
+        header_checksum: state.header_checksum,
         sections,
         file,
         dead: state.dead,
@@ -281,6 +286,7 @@ impl ColdTier {
         let state = {
             let shards: Vec<_> = index.shards().map(|s| s.lock()).collect();
             let lsn_floor = shards.iter().map(|s| s.lsn_counter()).max().unwrap_or(0);
+            let open_counters = shards.iter().map(|s| s.open_lsn_counter()).collect();
             let generations = self.generations.read();
             let mut segments: Vec<SegmentState> = self
                 .spilled
@@ -321,7 +327,7 @@ impl ColdTier {
                     .map(|g| GenerationState {
                         number: g.number,
                         entry_count: g.header.entry_count,
-                        header_checksum: read_u64(g.file.read(0, cold_index::HEADER_LEN), 56),
+                        header_checksum: g.header_checksum,
                         dead: g
                             .dead
                             .iter()
@@ -333,6 +339,7 @@ impl ColdTier {
                     .collect(),
                 segments,
                 partitions,
+                open_counters,
             }
         };
         #[cfg(feature = "planted-bugs")]
@@ -369,6 +376,22 @@ impl ColdTier {
     /// one (`write_state`, without a checkpoint). A failure leaves the tier marked
     /// changed, for the next reaper round.
     pub(crate) fn persist(
+        &self,
+        vfs: &dyn Vfs,
+        index: &Index,
+        durable: impl FnOnce() -> Result<(), Error>,
+        sync: bool,
+    ) -> Result<(), Error> {
+        // After close (`stop`): the close wrote the last state, with its checkpoint.
+        let stopped = self.working.lock();
+        if *stopped {
+            return Ok(());
+        }
+        self.persist_held(vfs, index, durable, sync)
+    }
+
+    /// `persist`, for a caller that holds `working` (and saw it not stopped).
+    pub(super) fn persist_held(
         &self,
         vfs: &dyn Vfs,
         index: &Index,
@@ -490,6 +513,7 @@ impl ColdTier {
                 number: loaded.number,
                 path: loaded.path,
                 header: loaded.header,
+                header_checksum: loaded.header_checksum,
                 sections: loaded.sections,
                 file: loaded.file,
                 segments,
@@ -498,6 +522,7 @@ impl ColdTier {
             }));
         }
         drop(spilled);
+        *self.state_open_counters.lock() = reused.open_counters;
         self.covered_offsets.lock().extend(
             reused
                 .partitions

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{ColdTier, Generation};
 use crate::addr::Location;
 use crate::error::Error;
+use crate::format::record::State;
 use crate::index::{Index, KeyHash};
 use crate::log::Log;
 
@@ -18,13 +19,16 @@ impl ColdTier {
     /// entry with a lower lsn than a cold one (an older record of a re-created key,
     /// which no spill walked) is dropped. Runs after `Index::finish_recovery`, so states
     /// are counted as this open sees them. Cost: a record read and the filter probes
-    /// per hot key. Returns (cold entries killed, hot entries dropped).
-    pub(crate) fn reconcile(&self, log: &Log, index: &Index) -> Result<(u64, u64), Error> {
+    /// per hot key. Returns how many of the claims `finish_recovery` counted as
+    /// released it took out again (claims in progress whose entry it killed or dropped:
+    /// no claim was in progress there when the process died).
+    pub(crate) fn reconcile(&self, log: &Log, index: &Index) -> Result<u64, Error> {
         if self.is_empty() {
-            return Ok((0, 0));
+            return Ok(0);
         }
         let generations: Vec<Arc<Generation>> = self.generations.read().clone();
-        let (mut killed, mut dropped) = (0, 0);
+        let (mut killed, mut dropped, mut claims) = (0, 0, 0);
+        let open_counters = self.state_open_counters.lock().clone();
         let mut positions = Vec::new();
         for shard_index in 0..index.shard_count() {
             let mut shard = index.lock_at(shard_index);
@@ -73,6 +77,14 @@ impl ColdTier {
                     let counted = shard.effective_state(cold_state, cold_lsn);
                     if generation.count_sub(row, shard_index, counted) {
                         shard.counts.sub(counted);
+                        // Counted in progress by the process that wrote the state
+                        // (then released by `finish_recovery`), or released already.
+                        claims += u64::from(
+                            cold_state == State::InProgress
+                                && open_counters
+                                    .get(shard_index)
+                                    .is_some_and(|&open| cold_lsn.counter() >= open),
+                        );
                     }
                     killed += 1;
                 }
@@ -80,6 +92,7 @@ impl ColdTier {
                     let counted = shard.effective_state(state, lsn);
                     if shard.remove_at(hash, location) {
                         shard.counts.sub(counted);
+                        claims += u64::from(state == State::InProgress);
                         dropped += 1;
                     }
                 }
@@ -92,6 +105,6 @@ impl ColdTier {
                 "reconciled the replayed hot entries with the cold tier"
             );
         }
-        Ok((killed, dropped))
+        Ok(claims)
     }
 }

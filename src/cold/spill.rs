@@ -36,6 +36,9 @@ impl ColdTier {
     /// and the generations' RAM exceed `budget`, then merges generations down to
     /// `GENERATIONS_MAX`. `sync`: sync each file and the directory (every durability
     /// mode but `None`). The caller keeps the reaper out (`Expiry::pause`).
+    /// `durable` makes the log durable before each cold state is written: one after
+    /// the spills, one after each merge (a merge of large generations takes minutes,
+    /// and what the spills walked must not wait for it to be skipped by a replay).
     pub(crate) fn enforce(
         &self,
         budget: u64,
@@ -43,6 +46,7 @@ impl ColdTier {
         index: &Index,
         now_ms: u64,
         sync: bool,
+        durable: &dyn Fn() -> Result<(), Error>,
     ) -> Result<SpillReport, Error> {
         let stopped = self.working.lock();
         let mut report = SpillReport::default();
@@ -79,9 +83,11 @@ impl ColdTier {
                 shard.lock().shrink();
             }
         }
+        self.persist_held(log.vfs(), index, durable, sync)?;
         while self.generations.read().len() > GENERATIONS_MAX {
             self.merge_smallest_pair(log, index, now_ms, sync)?;
             report.merges += 1;
+            self.persist_held(log.vfs(), index, durable, sync)?;
         }
         if report.buckets + report.merges > 0 {
             release_free_memory();
@@ -307,10 +313,12 @@ impl ColdTier {
                 return Err(e);
             }
         };
+        let header_checksum = crate::format::read_u64(file.read(0, cold_index::HEADER_LEN), 56);
         Ok(Some(Arc::new(Generation {
             number,
             path,
             header,
+            header_checksum,
             sections,
             file,
             segments,

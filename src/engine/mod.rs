@@ -285,23 +285,21 @@ impl Engine {
         let (cold, dropped) = self.cold.expire(&self.index, now.0);
         self.expiry.count_forgotten(cold, dropped);
         let sync = self.options.durability != Durability::None;
+        let durable = || match sync {
+            true => self.committer.wait_durable(),
+            false => Ok(()),
+        };
         let enforced = match self.options.memory_budget {
             Some(budget) => self
                 .cold
-                .enforce(budget, &self.log, &self.index, now.0, sync)
+                .enforce(budget, &self.log, &self.index, now.0, sync, &durable)
                 .map(drop),
             None => Ok(()),
         };
         // What changed before any failure above is persisted all the same.
-        let persisted = self.cold.persist(
-            self.log.vfs(),
-            &self.index,
-            || match sync {
-                true => self.committer.wait_durable(),
-                false => Ok(()),
-            },
-            sync,
-        );
+        let persisted = self
+            .cold
+            .persist(self.log.vfs(), &self.index, durable, sync);
         let forgotten = hot? + cold;
         enforced?;
         persisted?;
@@ -418,17 +416,19 @@ fn recover_index(
         cold.restore(reused, &log, &index);
         numbers
     });
-    let claims_released_at_open = index.finish_recovery();
+    let mut claims_released_at_open = index.finish_recovery();
     #[cfg(feature = "planted-bugs")]
     let reconcile = !crate::planted::planted("cold-crash-skips-reconcile");
     #[cfg(not(feature = "planted-bugs"))]
     let reconcile = true;
-    if reconcile
-        && kept.is_some()
-        && recovery.cold_reconcile
-        && let Err(e) = cold.reconcile(&log, &index)
-    {
-        return Ok(Err(e));
+    if reconcile && kept.is_some() && recovery.cold_reconcile {
+        match cold.reconcile(&log, &index) {
+            Ok(uncounted) => {
+                debug_assert!(uncounted <= claims_released_at_open);
+                claims_released_at_open = claims_released_at_open.saturating_sub(uncounted);
+            }
+            Err(e) => return Ok(Err(e)),
+        }
     }
     Ok(Ok(Recovered {
         log,

@@ -50,6 +50,13 @@
 //! 0      16p  entries           namespace_id u32, partition u32, highest_offset u64:
 //!                               the highest source offset among the walked records
 //! 16p    8    checksum          xxh3-64 of the block's bytes 0..16p
+//!
+//! open counter block (always present), one u64 per shard
+//! 0      8s   open_counters     per shard, the first lsn counter of the process that
+//!                               wrote it: a claim in progress is counted in progress
+//!                               (not released) in `counts` iff its counter is at or
+//!                               above its shard's
+//! 8s     8    checksum          xxh3-64 of the block's bytes 0..8s
 //! ```
 //!
 //! The decoder checks every checksum, length and count before it allocates, and never
@@ -104,6 +111,9 @@ pub(crate) struct ColdState {
     pub generations: Vec<GenerationState>,
     pub segments: Vec<SegmentState>,
     pub partitions: Vec<PartitionOffset>,
+    /// Per shard: claims in progress with an lsn counter at or above it were counted
+    /// in progress by the process that wrote it.
+    pub open_counters: Vec<u64>,
 }
 
 fn checksum(bytes: &[u8]) -> u64 {
@@ -153,6 +163,13 @@ pub(crate) fn encode(state: &ColdState) -> Vec<u8> {
         out.extend_from_slice(&p.namespace_id.to_le_bytes());
         out.extend_from_slice(&p.partition.to_le_bytes());
         out.extend_from_slice(&p.highest_offset.to_le_bytes());
+    }
+    let sum = checksum(&out[start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+    assert_eq!(state.open_counters.len(), state.shard_count as usize);
+    let start = out.len();
+    for counter in &state.open_counters {
+        out.extend_from_slice(&counter.to_le_bytes());
     }
     let sum = checksum(&out[start..]);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -213,9 +230,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
     let generation_count = read_u32(bytes, 20) as usize;
     let segment_count = read_u32(bytes, 24) as usize;
     let partition_count = read_u32(bytes, 28) as u64;
-    // Every block is at least 32 bytes, a partition entry 16, and the partition block
-    // has its checksum: the counts must fit the file before anything is allocated.
-    let need = (generation_count as u64 + segment_count as u64) * 32 + partition_count * 16 + 8;
+    // Every block is at least 32 bytes, a partition entry 16, an open counter 8, and the
+    // last two blocks have their checksums: the counts must fit the file before
+    // anything is allocated.
+    let need = (generation_count as u64 + segment_count as u64) * 32
+        + partition_count * 16
+        + u64::from(shard_count) * 8
+        + 16;
     if need > (bytes.len() - HEADER_LEN) as u64 {
         return Err("cold state counts exceed the file");
     }
@@ -270,6 +291,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
     if !partitions.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
         return Err("cold state partitions out of order");
     }
+    let body = block(bytes, &mut at, 0, u64::from(shard_count))?;
+    let open_counters: Vec<u64> = body.chunks_exact(8).map(|c| read_u64(c, 0)).collect();
     if at != bytes.len() {
         return Err("cold state longer than its blocks");
     }
@@ -281,6 +304,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
         generations,
         segments,
         partitions,
+        open_counters,
     })
 }
 /// The block at `*at`: `fixed` bytes, `words` u64s, then the checksum of them all,
@@ -346,6 +370,7 @@ mod tests {
                     highest_offset: 5,
                 },
             ],
+            open_counters: vec![7, 9],
         }
     }
 

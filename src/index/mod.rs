@@ -253,6 +253,12 @@ impl Shard {
         self.lsn_counter
     }
 
+    /// `lsn_counter` when this open finished recovery: its claims in progress are this
+    /// process's from there on.
+    pub(crate) fn open_lsn_counter(&self) -> u64 {
+        self.open_lsn_counter
+    }
+
     /// After a restore from a checkpoint: lsns continue at least from `counter`.
     pub(crate) fn restore_lsn_counter(&mut self, counter: u64) {
         self.lsn_counter = self.lsn_counter.max(counter);
