@@ -331,13 +331,16 @@ fn a_damaged_cold_page_is_an_error_never_a_wrong_answer() {
     let clock = ManualClock::new(UnixMs(START_MS));
     let store = open(dir.path(), &clock, Some(1));
     fill(&store, &clock, "k", 500, 1);
+    // One file, or two if a reaper round spilled before `expire_now`.
     let files = cold_files(dir.path());
-    assert_eq!(files.len(), 1);
-    // Flip a byte of the first entry page (the file is mapped shared: the store sees it).
-    let path = dir.path().join(&files[0]);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[4096 + 3] ^= 0x40;
-    std::fs::write(&path, &bytes).unwrap();
+    assert!(!files.is_empty());
+    // Flip a byte of each file's first entry page (mapped shared: the store sees it).
+    for file in &files {
+        let path = dir.path().join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[4096 + 3] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+    }
     let ns = store
         .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
         .unwrap();
@@ -347,7 +350,10 @@ fn a_damaged_cold_page_is_an_error_never_a_wrong_answer() {
             Ok(Outcome::Duplicate(_)) => {}
             Ok(other) => panic!("k-{k} answered {other:?} from a damaged generation"),
             Err(Error::Corruption(damage)) => {
-                assert!(damage.file().ends_with(&files[0]), "{damage:?}");
+                assert!(
+                    files.iter().any(|f| damage.file().ends_with(f)),
+                    "{damage:?}"
+                );
                 errors += 1;
             }
             Err(e) => panic!("k-{k}: {e}"),
@@ -369,7 +375,8 @@ fn a_damaged_cold_page_is_an_error_never_a_wrong_answer() {
         report
             .problems
             .iter()
-            .any(|p| p.file().ends_with(&files[0]) && p.offset() == 4096),
+            .any(|p| p.file().ends_with(&files[0]) && p.offset() == 4096)
+            && report.problems.len() == files.len(),
         "{report:?}"
     );
     // The next open rebuilds the tier from the log, and every key answers.
