@@ -222,44 +222,17 @@ pub(crate) fn verify_on(
 /// misses one would take a duplicate for a fresh key). Damage here loses nothing (the
 /// log holds every record): the next open that cannot use the file rebuilds from it.
 fn verify_cold_file(vfs: &dyn Vfs, path: &Path, report: &mut VerifyReport) -> Result<(), Error> {
-    use crate::format::cold_index::{self, HEADER_LEN, PAGE_LEN};
+    use crate::format::cold_index::{self, PAGE_LEN};
     const REBUILT: &str = "; the log holds its keys: an open without COLD_STATE rebuilds them";
     let file = vfs
         .open_segment(path)
         .map_err(|e| Error::io("opening a cold index file", path, e))?;
     report.cold_files += 1;
     report.bytes += file.capacity();
-    if file.capacity() < HEADER_LEN as u64 {
-        report.problem(
-            path,
-            0,
-            format!("cold index file shorter than its header{REBUILT}"),
-        );
-        return Ok(());
-    }
-    let header = match cold_index::decode_header(file.read(0, HEADER_LEN)) {
-        Ok(header) if header.file_len() == file.capacity() => header,
-        Ok(_) => {
-            report.problem(
-                path,
-                0,
-                format!("cold index file length disagrees with its header{REBUILT}"),
-            );
-            return Ok(());
-        }
-        Err(e) => {
-            report.problem(path, 0, format!("{}{REBUILT}", e.reason()));
-            return Ok(());
-        }
-    };
-    let sections_at = header.sections_offset();
-    let sections = match cold_index::decode_sections(
-        &header,
-        file.read(sections_at, header.sections_len() as usize),
-    ) {
-        Ok(sections) => sections,
-        Err(e) => {
-            report.problem(path, sections_at, format!("{}{REBUILT}", e.reason()));
+    let (header, _, sections) = match crate::cold::read_head(file.as_ref()) {
+        Ok(head) => head,
+        Err((at, reason)) => {
+            report.problem(path, at, format!("{reason}{REBUILT}"));
             return Ok(());
         }
     };

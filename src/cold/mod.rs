@@ -194,6 +194,28 @@ impl Generation {
     }
 }
 
+/// A generation file's header, its header checksum and its sections, checked: the
+/// file is as long as its header says and every checksum holds (pages are not read).
+/// `Err((offset, reason))` otherwise. The open that reuses a file and `verify` both
+/// start here.
+pub(crate) fn read_head(
+    file: &dyn SegmentFile,
+) -> Result<(Header, u64, Sections), (u64, &'static str)> {
+    if file.capacity() < cold_index::HEADER_LEN as u64 {
+        return Err((0, "cold index file shorter than its header"));
+    }
+    let head = file.read(0, cold_index::HEADER_LEN);
+    let header = cold_index::decode_header(head).map_err(|e| (0, e.reason()))?;
+    if header.file_len() != file.capacity() {
+        return Err((0, "cold index file length disagrees with its header"));
+    }
+    let at = header.sections_offset();
+    let sections =
+        cold_index::decode_sections(&header, file.read(at, header.sections_len() as usize))
+            .map_err(|e| (at, e.reason()))?;
+    Ok((header, crate::format::read_u64(head, 56), sections))
+}
+
 /// A key's newest record found in a generation.
 #[derive(Clone)]
 pub(crate) struct ColdHit {
@@ -254,9 +276,6 @@ pub(crate) struct ColdTier {
     /// The highest source offset of each partition `(namespace id, partition)` among
     /// the records spills walked: an open that skips them learns it from the state.
     covered_offsets: Mutex<std::collections::HashMap<(u32, u32), u64>>,
-    /// The open counters of the cold state this open took over (`reconcile`: which of
-    /// its claims in progress it counted in progress).
-    state_open_counters: Mutex<Vec<u64>>,
     spills: AtomicU64,
     merges: AtomicU64,
     spilled_keys: AtomicU64,
@@ -283,7 +302,6 @@ impl ColdTier {
             leaving: Mutex::new(Vec::new()),
             dirty: AtomicBool::new(false),
             covered_offsets: Mutex::new(std::collections::HashMap::new()),
-            state_open_counters: Mutex::new(Vec::new()),
             spills: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             spilled_keys: AtomicU64::new(0),
@@ -316,23 +334,17 @@ impl ColdTier {
         let generations = self.generations.read();
         let mut entries = Vec::new();
         for generation in generations.iter().rev() {
-            entries.clear();
-            generation
-                .entries(hash, &mut entries)
-                .map_err(|(at, reason)| self.damaged(generation, at, reason))?;
             let mut best: Option<(crate::addr::Lsn, usize, u32, u64)> = None;
-            for &(position, entry) in &entries {
-                let row = entry.segment as usize;
-                let Some(segment) = &generation.segments[row] else {
-                    continue;
-                };
-                let record = segment.read(entry.offset).map_err(|reason| {
-                    crate::error::Error::corruption(&segment.path, u64::from(entry.offset), reason)
-                })?;
-                if is_key(&record) && best.is_none_or(|(lsn, ..)| record.lsn > lsn) {
-                    best = Some((record.lsn, row, entry.offset, position));
-                }
-            }
+            self.each_record(
+                generation,
+                hash,
+                &mut entries,
+                |position, row, offset, record| {
+                    if is_key(record) && best.is_none_or(|(lsn, ..)| record.lsn > lsn) {
+                        best = Some((record.lsn, row, offset, position));
+                    }
+                },
+            )?;
             if let Some((_, row, offset, position)) = best {
                 return Ok(Some(ColdHit {
                     generation: Arc::clone(generation),
@@ -343,6 +355,33 @@ impl ColdTier {
             }
         }
         Ok(None)
+    }
+
+    /// Calls `each(position, row, offset, record)` for every live entry of `hash` in
+    /// `generation` whose segment is still there, with its record (`entries` is a
+    /// buffer). A damaged page (`damaged`) or record is an error naming its file.
+    fn each_record(
+        &self,
+        generation: &Generation,
+        hash: KeyHash,
+        entries: &mut Vec<(u64, ColdEntry)>,
+        mut each: impl FnMut(u64, usize, u32, &StoredRecord<'_>),
+    ) -> Result<(), crate::error::Error> {
+        entries.clear();
+        generation
+            .entries(hash, entries)
+            .map_err(|(at, reason)| self.damaged(generation, at, reason))?;
+        for &(position, entry) in entries.iter() {
+            let row = entry.segment as usize;
+            let Some(segment) = &generation.segments[row] else {
+                continue;
+            };
+            let record = segment.read(entry.offset).map_err(|reason| {
+                crate::error::Error::corruption(&segment.path, u64::from(entry.offset), reason)
+            })?;
+            each(position, row, entry.offset, &record);
+        }
+        Ok(())
     }
 
     /// A lookup met a damaged page at `at` of `generation`: the error for its caller
@@ -461,11 +500,11 @@ impl ColdTier {
     /// cold state.
     pub(crate) fn remove_leftovers(
         &self,
-        vfs: &dyn crate::io::Vfs,
         kept: Option<&std::collections::BTreeSet<u64>>,
     ) -> Result<(), crate::error::Error> {
         let dir = &self.dir;
-        let names = vfs
+        let names = self
+            .vfs
             .list(dir)
             .map_err(|e| crate::error::Error::io("listing", dir, e))?;
         let (mut removed, mut generations) = (0, 0);
@@ -484,14 +523,15 @@ impl ColdTier {
                 continue;
             }
             let path = dir.join(name);
-            vfs.remove(&path).map_err(|e| {
+            self.vfs.remove(&path).map_err(|e| {
                 crate::error::Error::io("deleting a cold index file of an earlier open", &path, e)
             })?;
             removed += 1;
             generations += u64::from(cold && !temp && kept.is_none());
         }
         if removed > 0 {
-            vfs.sync_dir(dir)
+            self.vfs
+                .sync_dir(dir)
                 .map_err(|e| crate::error::Error::io("syncing directory", dir, e))?;
         }
         if generations > 0 {

@@ -26,11 +26,10 @@ use std::sync::atomic::Ordering;
 
 use super::{ColdTier, Generation, SpilledSegment};
 use crate::error::Error;
-use crate::format::cold_index::{self, Header, Sections};
+use crate::format::cold_index::{Header, Sections};
 use crate::format::cold_state::{
     self, ColdState, GenerationState, PartitionOffset, STATES, SegmentState,
 };
-use crate::format::read_u64;
 use crate::index::{Index, StateCounts};
 use crate::io::{SegmentFile, Vfs};
 use crate::log::Log;
@@ -207,28 +206,16 @@ fn open_generation(
     let file = vfs
         .open_segment(&path)
         .map_err(|e| Error::io("opening a cold index file", &path, e))?;
-    if file.capacity() < cold_index::HEADER_LEN as u64 {
-        return refuse("shorter than a header");
-    }
-    let head = file.read(0, cold_index::HEADER_LEN);
-    let header = match cold_index::decode_header(head) {
-        Ok(header) => header,
-        Err(e) => return refuse(e.reason()),
+    let (header, header_checksum, sections) = match super::read_head(file.as_ref()) {
+        Ok(head) => head,
+        Err((_, reason)) => return refuse(reason),
     };
     if header.generation != state.number
         || header.entry_count != state.entry_count
-        || read_u64(head, 56) != state.header_checksum
-        || header.file_len() != file.capacity()
+        || header_checksum != state.header_checksum
     {
         return refuse("does not match the cold state");
     }
-    let sections = match cold_index::decode_sections(
-        &header,
-        file.read(header.sections_offset(), header.sections_len() as usize),
-    ) {
-        Ok(sections) => sections,
-        Err(e) => return refuse(e.reason()),
-    };
     if let Some(missing) = sections.segments.iter().find(|s| {
         s.bucket_deadline_ms > now_ms && !segment_files.contains(&(s.bucket_deadline_ms, s.seq))
     }) {
@@ -273,7 +260,6 @@ impl ColdTier {
     /// that left the tier are deleted (`leave`).
     pub(crate) fn write_state(
         &self,
-        vfs: &dyn Vfs,
         index: &Index,
         checkpoint_hash: Option<u64>,
         durable: impl FnOnce() -> Result<(), Error>,
@@ -351,15 +337,16 @@ impl ColdTier {
         let bytes = cold_state::encode(&state);
         let temp = self.dir.join(crate::layout::COLD_STATE_TEMP);
         let path = self.dir.join(crate::layout::COLD_STATE);
-        let written = crate::io::replace_file(vfs, &self.dir, &temp, &path, &bytes, sync);
+        let written =
+            crate::io::replace_file(self.vfs.as_ref(), &self.dir, &temp, &path, &bytes, sync);
         if let Err((e, at)) = written {
             // The state before it is still in place, and every file it lists too.
-            let _ = vfs.remove(&temp);
+            let _ = self.vfs.remove(&temp);
             return Err(Error::io("writing the cold state", at, e));
         }
         if self.is_damaged() {
             // A lookup met a damaged page while it was written: gone again.
-            let _ = vfs.remove(&path);
+            let _ = self.vfs.remove(&path);
             return Ok(());
         }
         tracing::debug!(
@@ -369,7 +356,7 @@ impl ColdTier {
             "wrote the cold state"
         );
         let leaving = std::mem::take(&mut *self.leaving.lock());
-        super::spill::remove_files(vfs, &self.dir, &leaving)
+        super::spill::remove_files(self.vfs.as_ref(), &self.dir, &leaving)
     }
 
     /// While the store runs: writes the cold state if the tier changed since the last
@@ -377,7 +364,6 @@ impl ColdTier {
     /// changed, for the next reaper round.
     pub(crate) fn persist(
         &self,
-        vfs: &dyn Vfs,
         index: &Index,
         durable: impl FnOnce() -> Result<(), Error>,
         sync: bool,
@@ -387,13 +373,12 @@ impl ColdTier {
         if *stopped {
             return Ok(());
         }
-        self.persist_held(vfs, index, durable, sync)
+        self.persist_held(index, durable, sync)
     }
 
     /// `persist`, for a caller that holds `working` (and saw it not stopped).
     pub(super) fn persist_held(
         &self,
-        vfs: &dyn Vfs,
         index: &Index,
         durable: impl FnOnce() -> Result<(), Error>,
         sync: bool,
@@ -401,7 +386,7 @@ impl ColdTier {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let written = self.write_state(vfs, index, None, durable, sync);
+        let written = self.write_state(index, None, durable, sync);
         if written.is_err() {
             self.dirty.store(true, Ordering::Release);
         }
@@ -423,7 +408,8 @@ impl ColdTier {
     /// releases (and counts) the claims in progress of the previous process in the
     /// shards' counts; each segment's cold counters release theirs here (their lsns
     /// are all below this open's).
-    pub(crate) fn restore(&self, reused: Reused, log: &Log, index: &Index) {
+    /// Returns the state's open counters, for `reconcile`.
+    pub(crate) fn restore(&self, reused: Reused, log: &Log, index: &Index) -> Vec<u64> {
         // A row names its segment by sequence and bucket deadline. Numbers are never
         // taken again while a generation may name them (below), the deadline makes
         // sure of it.
@@ -522,7 +508,6 @@ impl ColdTier {
             }));
         }
         drop(spilled);
-        *self.state_open_counters.lock() = reused.open_counters;
         self.covered_offsets.lock().extend(
             reused
                 .partitions
@@ -536,5 +521,6 @@ impl ColdTier {
             .store(generations.len() as u64, Ordering::Relaxed);
         self.any.store(!generations.is_empty(), Ordering::Release);
         *self.generations.write() = generations;
+        reused.open_counters
     }
 }

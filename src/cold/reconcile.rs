@@ -21,14 +21,19 @@ impl ColdTier {
     /// are counted as this open sees them. Cost: a record read and the filter probes
     /// per hot key. Returns how many of the claims `finish_recovery` counted as
     /// released it took out again (claims in progress whose entry it killed or dropped:
-    /// no claim was in progress there when the process died).
-    pub(crate) fn reconcile(&self, log: &Log, index: &Index) -> Result<u64, Error> {
+    /// no claim was in progress there when the process died). `open_counters` are the
+    /// cold state's (`restore` returns them): which of its claims it counted in progress.
+    pub(crate) fn reconcile(
+        &self,
+        log: &Log,
+        index: &Index,
+        open_counters: &[u64],
+    ) -> Result<u64, Error> {
         if self.is_empty() {
             return Ok(0);
         }
         let generations: Vec<Arc<Generation>> = self.generations.read().clone();
         let (mut killed, mut dropped, mut claims) = (0, 0, 0);
-        let open_counters = self.state_open_counters.lock().clone();
         let mut positions = Vec::new();
         for shard_index in 0..index.shard_count() {
             let mut shard = index.lock_at(shard_index);
@@ -48,25 +53,19 @@ impl ColdTier {
                 // Every live cold record of the key: (generation, position, row, lsn, state).
                 let mut cold = Vec::new();
                 for generation in &generations {
-                    positions.clear();
-                    generation
-                        .entries(hash, &mut positions)
-                        .map_err(|(at, reason)| self.damaged(generation, at, reason))?;
-                    for &(position, entry) in &positions {
-                        let row = entry.segment as usize;
-                        let Some(segment) = &generation.segments[row] else {
-                            continue;
-                        };
-                        let record = segment.read(entry.offset).map_err(|reason| {
-                            Error::corruption(&segment.path, u64::from(entry.offset), reason)
-                        })?;
-                        if record.namespace_id == namespace_id
-                            && record.placement.partition == partition
-                            && record.id == id.as_slice()
-                        {
-                            cold.push((generation, position, row, record.lsn, record.state));
-                        }
-                    }
+                    self.each_record(
+                        generation,
+                        hash,
+                        &mut positions,
+                        |position, row, _, record| {
+                            if record.namespace_id == namespace_id
+                                && record.placement.partition == partition
+                                && record.id == id.as_slice()
+                            {
+                                cold.push((generation, position, row, record.lsn, record.state));
+                            }
+                        },
+                    )?;
                 }
                 let newest = cold.iter().map(|c| c.3).max();
                 for &(generation, position, row, cold_lsn, cold_state) in &cold {

@@ -83,11 +83,11 @@ impl ColdTier {
                 shard.lock().shrink();
             }
         }
-        self.persist_held(log.vfs(), index, durable, sync)?;
+        self.persist_held(index, durable, sync)?;
         while self.generations.read().len() > GENERATIONS_MAX {
             self.merge_smallest_pair(log, index, now_ms, sync)?;
             report.merges += 1;
-            self.persist_held(log.vfs(), index, durable, sync)?;
+            self.persist_held(index, durable, sync)?;
         }
         if report.buckets + report.merges > 0 {
             release_free_memory();

@@ -77,7 +77,7 @@ impl Engine {
             (Some(hash), Some(_)) => {
                 // Every segment was synced above: nothing is left to make durable.
                 self.cold
-                    .write_state(self.log.vfs(), &self.index, Some(hash), || Ok(()), sync)
+                    .write_state(&self.index, Some(hash), || Ok(()), sync)
             }
             _ => Ok(()),
         }

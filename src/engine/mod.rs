@@ -143,7 +143,7 @@ impl Engine {
         });
 
         if !read_only {
-            cold.remove_leftovers(vfs.as_ref(), kept.as_ref())?;
+            cold.remove_leftovers(kept.as_ref())?;
         }
         let inner = Arc::new(Engine {
             dir: dir.clone(),
@@ -297,9 +297,7 @@ impl Engine {
             None => Ok(()),
         };
         // What changed before any failure above is persisted all the same.
-        let persisted = self
-            .cold
-            .persist(self.log.vfs(), &self.index, durable, sync);
+        let persisted = self.cold.persist(&self.index, durable, sync);
         let forgotten = hot? + cold;
         enforced?;
         persisted?;
@@ -410,19 +408,21 @@ fn recover_index(
         reuse_cold,
     )?;
     let cold = crate::cold::ColdTier::new(dir.to_path_buf(), Arc::clone(vfs), options.read_only);
-    let kept = recovery.cold.take().map(|reused| {
-        let reused = Arc::try_unwrap(reused).expect("the report's one handle");
-        let numbers = reused.numbers();
-        cold.restore(reused, &log, &index);
-        numbers
-    });
+    let (kept, open_counters) = match recovery.cold.take() {
+        Some(reused) => {
+            let reused = Arc::try_unwrap(reused).expect("the report's one handle");
+            let numbers = reused.numbers();
+            (Some(numbers), cold.restore(reused, &log, &index))
+        }
+        None => (None, Vec::new()),
+    };
     let mut claims_released_at_open = index.finish_recovery();
     #[cfg(feature = "planted-bugs")]
     let reconcile = !crate::planted::planted("cold-crash-skips-reconcile");
     #[cfg(not(feature = "planted-bugs"))]
     let reconcile = true;
     if reconcile && kept.is_some() && recovery.cold_reconcile {
-        match cold.reconcile(&log, &index) {
+        match cold.reconcile(&log, &index, &open_counters) {
             Ok(uncounted) => {
                 debug_assert!(uncounted <= claims_released_at_open);
                 claims_released_at_open = claims_released_at_open.saturating_sub(uncounted);
