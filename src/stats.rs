@@ -76,7 +76,7 @@ pub struct Stats {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ColdTierStats {
-    /// Generation files open now (at most 8 after each reaper round).
+    /// Generation files open now (at most 16; the merger thread brings them down to 8).
     pub generations: u64,
     /// Index entries in them (keys since rewritten, whose newer entry is hot or in a
     /// newer generation, included until a merge or expiry drops them).

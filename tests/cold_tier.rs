@@ -736,3 +736,133 @@ fn a_cold_state_never_holds_a_kill_whose_record_a_power_cut_can_lose() {
         );
     }
 }
+
+/// The merger thread merges while writers run and the reaper spills (no
+/// `expire_now`): writers answer fresh keys `First`, their earlier keys `Duplicate`, and
+/// remove and re-create with a short TTL keys whose cold entries a running merge is
+/// copying (the late kills a merge carries over: once the short TTL passes, those keys
+/// must be gone, not back in their old state). The generations stay within the probe
+/// bound; the counts, a clean reopen and `verify` agree with what was written.
+#[test]
+fn background_merges_keep_every_answer_exact_while_writers_run() {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    // A 1 s bucket width: the reaper runs every 250 ms and spills what arrived.
+    let open = || {
+        Store::builder(dir.path())
+            .durability(Durability::None)
+            .bucket_width(Duration::from_secs(1))
+            .shards(4)
+            .clock(clock.clone())
+            .memory_budget(1)
+            .open()
+            .unwrap()
+    };
+    let store = Arc::new(open());
+    let policy = Policy::ttl(Duration::from_secs(3600));
+    let stop = Arc::new(AtomicBool::new(false));
+    let most_generations = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..2)
+        .map(|t| {
+            let (store, stop, most) = (
+                Arc::clone(&store),
+                Arc::clone(&stop),
+                Arc::clone(&most_generations),
+            );
+            std::thread::spawn(move || {
+                let ns = store.namespace("orders", policy).unwrap();
+                let short_ttl = ns.with_ttl(Duration::from_secs(5)).unwrap();
+                let (mut live, mut short) = (BTreeSet::new(), BTreeSet::new());
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("w{t}-{i}");
+                    assert_eq!(ns.check_and_set(&key).unwrap(), Outcome::First, "{key}");
+                    live.insert(key);
+                    if i.is_multiple_of(3) {
+                        let old = format!("w{t}-{}", i / 2);
+                        let again = ns.check_and_set(&old).unwrap();
+                        assert!(matches!(again, Outcome::Duplicate(_)), "{old}: {again:?}");
+                    }
+                    if i.is_multiple_of(7) && i > 0 {
+                        // A key spilled long ago: removed, then written again to expire
+                        // first.
+                        let old = format!("w{t}-{}", i / 3);
+                        assert!(ns.remove(&old).unwrap(), "{old}");
+                        let again = short_ttl.check_and_set(&old).unwrap();
+                        assert_eq!(again, Outcome::First, "{old}");
+                        short.insert(old);
+                    }
+                    if i.is_multiple_of(256) {
+                        most.fetch_max(store.stats().cold.generations, Ordering::Relaxed);
+                        // Small spills, many of them: about 20,000 keys a reaper round.
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    i += 1;
+                }
+                (live, short)
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    while store.stats().cold.merges < 12 && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (mut live, mut short) = (BTreeSet::new(), BTreeSet::new());
+    for writer in writers {
+        let (l, s) = writer.join().unwrap();
+        live.extend(l);
+        short.extend(s);
+    }
+    let stats = store.stats();
+    assert!(
+        stats.cold.merges >= 12,
+        "the merger merged too little: {:?}",
+        stats.cold
+    );
+    assert!(stats.cold.spilled_keys > 0, "{:?}", stats.cold);
+    assert!(
+        most_generations.load(Ordering::Relaxed) <= 16,
+        "more generations than the probe bound: {}",
+        most_generations.load(Ordering::Relaxed)
+    );
+    assert_eq!(stats.live_keys, live.len() as u64, "{stats:?}");
+    let check = |store: &Store, fresh: &str| {
+        let ns = store.namespace("orders", policy).unwrap();
+        for key in &live {
+            assert_eq!(
+                ns.get(key).unwrap().map(|r| r.status),
+                Some(Status::Seen),
+                "{key}"
+            );
+        }
+        assert!(ns.check_and_set(fresh).unwrap().is_first());
+    };
+    check(&store, "fresh-1");
+    Arc::try_unwrap(store).ok().unwrap().close().unwrap();
+    let report = idemstore::verify(dir.path()).unwrap();
+    assert!(report.cold_files > 0, "{report:?}");
+    let store = open();
+    assert_eq!(store.stats().live_keys, live.len() as u64 + 1);
+    check(&store, "fresh-2");
+    // The short-lived keys expire: none comes back in the state it had before its
+    // removal (a kill lost by a merge would bring it back).
+    clock.advance(Duration::from_secs(10));
+    store.expire_now().unwrap();
+    let ns = store.namespace("orders", policy).unwrap();
+    assert!(!short.is_empty());
+    for key in &short {
+        assert_eq!(ns.get(key).unwrap(), None, "{key}");
+    }
+    assert_eq!(
+        store.stats().live_keys,
+        (live.len() - short.len()) as u64 + 2,
+        "{:?}",
+        store.stats()
+    );
+    store.close().unwrap();
+}

@@ -9,7 +9,7 @@
 //! than k calls of that kind, the k-th call is failed — once, and then from the k-th
 //! on ("forever"). After each run the test asserts: the operation during which the
 //! call failed returned an error (except where the engine documents that it only logs:
-//! the reaper thread, trimming a recovered segment's tail at open, reserving a
+//! the reaper and merger threads, trimming a recovered segment's tail at open, reserving a
 //! segment's next step ahead of need, after the append that triggered it, and reading
 //! the index checkpoint at open, which falls back to replaying the log); a failed
 //! write of the index checkpoint at close is an `Error::Io` that names the checkpoint
@@ -360,7 +360,9 @@ fn run_with_fault(
         probed = true;
         // The first failure: which operation was running, and on which thread?
         let thread = match hit.thread.as_deref() {
-            Some(name @ ("idemstore-commit" | "idemstore-reaper")) => name.to_string(),
+            Some(name @ ("idemstore-commit" | "idemstore-reaper" | "idemstore-merger")) => {
+                name.to_string()
+            }
             _ => "caller".to_string(),
         };
         let label = run
@@ -378,7 +380,8 @@ fn run_with_fault(
         // succeeded: its failure is logged, and an append that then finds no room
         // reserves under the lock (SegmentAllocate) and reports it.
         // An unreadable checkpoint at open is logged and the log replayed instead.
-        let logged_only = thread == "idemstore-reaper"
+        let background = thread == "idemstore-reaper" || thread == "idemstore-merger";
+        let logged_only = background
             || (kind == CallKind::SegmentTruncate && label == "open")
             || (kind == CallKind::ReadFile && label == "open")
             || kind == CallKind::SegmentAllocateAhead;
@@ -387,7 +390,7 @@ fn run_with_fault(
         // log was synced and trimmed. (A reaper round still running when the close
         // began makes them too, for a spill or a cold state: logged, as above.)
         let checkpoint_write = label == "close"
-            && thread != "idemstore-reaper"
+            && !background
             && matches!(
                 kind,
                 CallKind::OpenAppend
@@ -412,7 +415,11 @@ fn run_with_fault(
             .map_or((0, 0), |(_, b, a, _)| (*b, *a));
         let later_hit_too = forever
             && hits.iter().skip(1).any(|h| {
-                h.thread.as_deref() != Some("idemstore-reaper") && from < h.call && h.call <= to
+                !matches!(
+                    h.thread.as_deref(),
+                    Some("idemstore-reaper" | "idemstore-merger")
+                ) && from < h.call
+                    && h.call <= to
             });
         if logged_only {
             assert!(

@@ -25,13 +25,14 @@ impl ColdTier {
         now_ms: u64,
         sync: bool,
     ) -> Result<(), Error> {
-        let (at, older, newer) = {
+        let (older, newer) = {
             let generations = self.generations.read();
-            let at = (0..generations.len() - 1)
+            let Some(at) = (0..generations.len().saturating_sub(1))
                 .min_by_key(|&i| generations[i].entry_count() + generations[i + 1].entry_count())
-                .expect("more than GENERATIONS_MAX generations");
+            else {
+                return Ok(());
+            };
             (
-                at,
                 Arc::clone(&generations[at]),
                 Arc::clone(&generations[at + 1]),
             )
@@ -58,21 +59,58 @@ impl ColdTier {
                 remap.push(Some(merged));
             }
         }
-        // The entries to keep are the ones live when the merge starts: both passes
-        // below skip the same ones, so they meet the kept entries in the same order.
+        // The entries to keep are the ones live when the merge starts. While the file
+        // is written, `placed` records where each kept entry went (two bits an entry in
+        // all), so that entries killed after the snapshot are found in the merged file
+        // without reading the inputs again.
         let snapshot = [older.dead_snapshot(), newer.dead_snapshot()];
         let inputs = Inputs {
             generations: [&older, &newer],
             remaps: &remaps,
             dead: &snapshot,
         };
+        let mut placed = Placement::new(older.entry_count(), newer.entry_count());
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let merged = self.write(log.vfs(), number, &rows, segments, counts, sync, |push| {
-            inputs.merge(|_, entry| push(entry))
-        })?;
+        let written = self.write(log.vfs(), number, &rows, segments, counts, sync, |push| {
+            inputs.merge(|(from, at), entry| {
+                if placed.merged.is_multiple_of(4096) && self.stopping.load(Ordering::Relaxed) {
+                    return Err(Error::Closed);
+                }
+                placed.push(from, at);
+                push(entry)
+            })
+        });
+        let merged = match written {
+            Err(Error::Closed) if self.stopping.load(Ordering::Relaxed) => {
+                // The store is closing: the temp file is gone, the inputs stay.
+                return Ok(());
+            }
+            written => written?,
+        };
+        let publishing = self.publishing.lock();
         {
             let mut generations = self.generations.write();
-            debug_assert!(Arc::ptr_eq(&generations[at], &older));
+            let at = generations.iter().position(|g| Arc::ptr_eq(g, &older));
+            let gone = at.is_none_or(|at| {
+                generations
+                    .get(at + 1)
+                    .is_none_or(|next| !Arc::ptr_eq(next, &newer))
+            });
+            if gone {
+                // An input expired meanwhile (expiry drops whole generations): this
+                // merge is dropped, and the next one chooses again.
+                drop(generations);
+                drop(publishing);
+                if let Some(merged) = merged {
+                    let _ = super::spill::remove_files(
+                        self.vfs.as_ref(),
+                        &self.dir,
+                        std::slice::from_ref(&merged.path),
+                    );
+                }
+                return Ok(());
+            }
+            let at = at.expect("checked above");
             generations.remove(at + 1);
             match &merged {
                 Some(merged) => generations[at] = Arc::clone(merged),
@@ -90,33 +128,127 @@ impl ColdTier {
             // under the key's shard lock, and maybe after the snapshot above. No
             // lookup finds those two any more (the swap waited for every lookup
             // holding the list), so once each shard's lock was taken once, every such
-            // kill is done: carry them over, walking the inputs again in the same
-            // order. Until then the killer's hot entry (written with the kill, under
-            // the same lock) shadows the merged entry; the reaper, the one other
-            // remover of hot entries, is this thread.
+            // kill is done: carry them over. Until then the killer's hot entry
+            // (written with the kill, under the same lock) shadows the merged entry,
+            // and `publishing` keeps spills (which move hot entries) and cold states
+            // (which copy the dead bits) out.
             index.wait_for_writers();
             #[cfg(feature = "planted-bugs")]
             let carry = !crate::planted::planted("cold-merge-loses-kills");
             #[cfg(not(feature = "planted-bugs"))]
             let carry = true;
-            let mut position = 0u64;
-            inputs.merge(|(from, at), _| {
-                if carry && inputs.generations[from].is_dead(at) {
+            if carry {
+                let late: [Vec<u64>; 2] = [0, 1].map(|from| {
+                    let now = inputs.generations[from].dead_snapshot();
+                    late_kills(&snapshot[from], &now)
+                });
+                for position in placed.merged_positions(&late) {
                     merged.kill(position);
                 }
-                position += 1;
-                Ok(())
-            })?;
-            debug_assert_eq!(position, merged.entry_count());
+            }
         }
+        drop(publishing);
         self.merges.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             older = older.number,
             newer = newer.number,
             into = number,
+            entries = merged.as_ref().map_or(0, |m| m.entry_count()),
             "merged two cold generations"
         );
         Ok(())
+    }
+}
+
+/// The positions whose dead bit is set in `now` and not in `before`, ascending.
+fn late_kills(before: &[u64], now: &[u64]) -> Vec<u64> {
+    let mut late = Vec::new();
+    for (i, (&b, &n)) in before.iter().zip(now).enumerate() {
+        let mut bits = n & !b;
+        while bits != 0 {
+            late.push(i as u64 * 64 + u64::from(bits.trailing_zeros()));
+            bits &= bits - 1;
+        }
+    }
+    late
+}
+
+/// Where a merge put each kept entry: per input, a bit per position (kept or not),
+/// and per merged position, a bit saying which input it came from.
+struct Placement {
+    kept: [Vec<u64>; 2],
+    from_newer: Vec<u64>,
+    merged: u64,
+}
+
+impl Placement {
+    fn new(older: u64, newer: u64) -> Placement {
+        Placement {
+            kept: [older, newer].map(|n| vec![0; n.div_ceil(64) as usize]),
+            from_newer: Vec::new(),
+            merged: 0,
+        }
+    }
+
+    fn push(&mut self, from: usize, position: u64) {
+        self.kept[from][(position / 64) as usize] |= 1 << (position % 64);
+        if self.merged.is_multiple_of(64) {
+            self.from_newer.push(0);
+        }
+        if from == 1 {
+            *self.from_newer.last_mut().expect("pushed above") |= 1 << (self.merged % 64);
+        }
+        self.merged += 1;
+    }
+
+    /// The merged positions of the input positions in `late` (ascending per input)
+    /// that the merge kept.
+    fn merged_positions(&self, late: &[Vec<u64>; 2]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (from, (kept, late)) in self.kept.iter().zip(late).enumerate() {
+            // The rank of each kept late position among its input's kept entries ...
+            let mut ranks = Vec::new();
+            let (mut word, mut below) = (0usize, 0u64);
+            for &position in late {
+                let (w, bit) = ((position / 64) as usize, position % 64);
+                if kept[w] & (1 << bit) == 0 {
+                    continue;
+                }
+                while word < w {
+                    below += u64::from(kept[word].count_ones());
+                    word += 1;
+                }
+                ranks.push(below + u64::from((kept[w] & ((1 << bit) - 1)).count_ones()));
+            }
+            // ... is its rank among the merged entries that came from that input.
+            let mut wanted = ranks.into_iter().peekable();
+            let mut seen = 0u64;
+            for (w, &bits) in self.from_newer.iter().enumerate() {
+                let Some(&rank) = wanted.peek() else { break };
+                let valid = (self.merged - w as u64 * 64).min(64);
+                let mask = if valid == 64 {
+                    u64::MAX
+                } else {
+                    (1 << valid) - 1
+                };
+                let mut mine = if from == 1 { bits } else { !bits } & mask;
+                let count = u64::from(mine.count_ones());
+                if seen + count <= rank {
+                    seen += count;
+                    continue;
+                }
+                while mine != 0 {
+                    let bit = u64::from(mine.trailing_zeros());
+                    if wanted.peek() == Some(&seen) {
+                        out.push(w as u64 * 64 + bit);
+                        wanted.next();
+                    }
+                    seen += 1;
+                    mine &= mine - 1;
+                }
+            }
+        }
+        out
     }
 }
 
@@ -208,5 +340,60 @@ impl Cursor<'_> {
                 return Ok(Some((position, ColdEntry { segment, ..entry })));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `merged_positions` against a plain model: every kept late kill is found at the
+    /// merged position its entry was pushed to, and no other.
+    #[test]
+    fn late_kills_are_found_where_the_merge_placed_their_entries() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..200 {
+            let sizes = [next() % 300, next() % 300];
+            let mut placement = Placement::new(sizes[0], sizes[1]);
+            let mut cursors = [0u64, 0u64];
+            let mut merged_of = std::collections::HashMap::new();
+            loop {
+                let open: Vec<usize> = (0..2).filter(|&i| cursors[i] < sizes[i]).collect();
+                let Some(&from) = open.get((next() % 2) as usize % open.len().max(1)) else {
+                    break;
+                };
+                let position = cursors[from];
+                cursors[from] += 1;
+                if next() % 4 == 0 {
+                    continue; // dead at the snapshot, or an expired row: not kept
+                }
+                merged_of.insert((from, position), placement.merged);
+                placement.push(from, position);
+            }
+            let late: [Vec<u64>; 2] =
+                [0, 1].map(|i| (0..sizes[i]).filter(|_| next() % 3 == 0).collect());
+            let mut expected: Vec<u64> = (0..2)
+                .flat_map(|i| late[i].iter().map(move |&p| (i, p)))
+                .filter_map(|key| merged_of.get(&key).copied())
+                .collect();
+            let mut found = placement.merged_positions(&late);
+            expected.sort_unstable();
+            found.sort_unstable();
+            assert_eq!(found, expected, "round {round}, sizes {sizes:?}");
+        }
+    }
+
+    #[test]
+    fn late_kills_are_the_bits_set_since_the_snapshot() {
+        assert_eq!(
+            late_kills(&[0b0101, 0], &[0b1111, 1 << 63]),
+            vec![1, 3, 127]
+        );
     }
 }

@@ -40,9 +40,14 @@ use crate::log::Segment;
 
 pub(crate) use persist::{Reused, load};
 
-/// Most generations a fresh key's lookup probes: beyond it, the two adjacent
-/// generations with the fewest entries between them are merged.
+/// Beyond this many generations, the two adjacent generations with the fewest entries
+/// between them are merged (by the merger thread, or inline by `expire_now`).
 pub(crate) const GENERATIONS_MAX: usize = 8;
+
+/// Most generations a fresh key's lookup probes: spills wait while a merge brings the
+/// count down (a merge of large generations takes minutes; spills go on meanwhile up
+/// to this bound, so the hot tier does not grow past the budget for all of it).
+pub(crate) const GENERATIONS_LIMIT: usize = 2 * GENERATIONS_MAX;
 
 /// Per shard, the keys per state whose newest entry is cold and points into one
 /// segment. The shard's own `counts` keep counting those keys (a spill moves no
@@ -265,8 +270,18 @@ pub(crate) struct ColdTier {
     /// Per segment with spilled entries (by seq): how far its records are covered
     /// and its keys' counts, shared by every generation holding a row of it.
     spilled: Mutex<std::collections::HashMap<u64, SpilledSegment>>,
-    /// Held by a spill or merge, and by close (no file is written after it).
+    /// Held by the spills of a round; `true` after close (no spill runs after it).
     working: Mutex<bool>,
+    /// Held by a merge; `true` after close (no merge runs after it).
+    merging: Mutex<bool>,
+    /// Held while a cold state is written, while a spill runs and while a merge
+    /// publishes its file and carries late kills over, so a state never copies a
+    /// half-published change; `true` after close (only close's own state is written).
+    publishing: Mutex<bool>,
+    /// Close began: a running merge gives up at its next page.
+    stopping: AtomicBool,
+    /// Wakes the merger thread (a spill left more than `GENERATIONS_MAX`, or close).
+    merge_wake: parking_lot::Condvar,
     /// The files of generations that left the tier, deleted once a cold state that
     /// does not list them is written (`write_state`).
     leaving: Mutex<Vec<PathBuf>>,
@@ -299,6 +314,10 @@ impl ColdTier {
             next_generation: AtomicU64::new(1),
             spilled: Mutex::new(std::collections::HashMap::new()),
             working: Mutex::new(false),
+            merging: Mutex::new(false),
+            publishing: Mutex::new(false),
+            stopping: AtomicBool::new(false),
+            merge_wake: parking_lot::Condvar::new(),
             leaving: Mutex::new(Vec::new()),
             dirty: AtomicBool::new(false),
             covered_offsets: Mutex::new(std::collections::HashMap::new()),
@@ -486,9 +505,14 @@ impl ColdTier {
         self.generations.read().iter().map(|g| g.ram_bytes()).sum()
     }
 
-    /// No spill or merge runs after this returns (close).
+    /// No spill or merge runs, and no cold state is written but close's, after this
+    /// returns (close). A running merge gives up at its next page.
     pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
         *self.working.lock() = true;
+        *self.merging.lock() = true;
+        self.merge_wake.notify_all();
+        *self.publishing.lock() = true;
     }
 }
 

@@ -265,6 +265,18 @@ impl ColdTier {
         durable: impl FnOnce() -> Result<(), Error>,
         sync: bool,
     ) -> Result<(), Error> {
+        let _publishing = self.publishing.lock();
+        self.write_state_held(index, checkpoint_hash, durable, sync)
+    }
+
+    /// `write_state`, for a caller that holds `publishing`.
+    fn write_state_held(
+        &self,
+        index: &Index,
+        checkpoint_hash: Option<u64>,
+        durable: impl FnOnce() -> Result<(), Error>,
+        sync: bool,
+    ) -> Result<(), Error> {
         if self.is_damaged() {
             // A lookup met a damaged page and removed the state: the next open rebuilds.
             return Ok(());
@@ -369,24 +381,11 @@ impl ColdTier {
         sync: bool,
     ) -> Result<(), Error> {
         // After close (`stop`): the close wrote the last state, with its checkpoint.
-        let stopped = self.working.lock();
-        if *stopped {
+        let stopped = self.publishing.lock();
+        if *stopped || !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        self.persist_held(index, durable, sync)
-    }
-
-    /// `persist`, for a caller that holds `working` (and saw it not stopped).
-    pub(super) fn persist_held(
-        &self,
-        index: &Index,
-        durable: impl FnOnce() -> Result<(), Error>,
-        sync: bool,
-    ) -> Result<(), Error> {
-        if !self.dirty.swap(false, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let written = self.write_state(index, None, durable, sync);
+        let written = self.write_state_held(index, None, durable, sync);
         if written.is_err() {
             self.dirty.store(true, Ordering::Release);
         }

@@ -3,6 +3,7 @@
 //! shadowed cold entries in RAM only, and their records are the hot entries now.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{ColdTier, Generation};
 use crate::addr::Location;
@@ -33,69 +34,44 @@ impl ColdTier {
             return Ok(0);
         }
         let generations: Vec<Arc<Generation>> = self.generations.read().clone();
-        let (mut killed, mut dropped, mut claims) = (0, 0, 0);
-        let mut positions = Vec::new();
-        for shard_index in 0..index.shard_count() {
-            let mut shard = index.lock_at(shard_index);
-            let hot: Vec<Location> = shard.entries().map(|(_, at)| at).collect();
-            for location in hot {
-                let (hash, lsn, state, namespace_id, partition, id) =
-                    log.with_record(&shard, location, |_, record| {
-                        (
-                            KeyHash::of_record(&record),
-                            record.lsn,
-                            record.state,
-                            record.namespace_id,
-                            record.placement.partition,
-                            record.id.to_vec(),
-                        )
-                    })?;
-                // Every live cold record of the key: (generation, position, row, lsn, state).
-                let mut cold = Vec::new();
-                for generation in &generations {
-                    self.each_record(
-                        generation,
-                        hash,
-                        &mut positions,
-                        |position, row, _, record| {
-                            if record.namespace_id == namespace_id
-                                && record.placement.partition == partition
-                                && record.id == id.as_slice()
-                            {
-                                cold.push((generation, position, row, record.lsn, record.state));
+        // Shards are independent (a key lives in one): spread them over the cores.
+        let next_shard = AtomicUsize::new(0);
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(index.shard_count());
+        let results: Vec<Result<(u64, u64, u64), Error>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut totals = (0, 0, 0);
+                        loop {
+                            let shard_index = next_shard.fetch_add(1, Ordering::Relaxed);
+                            if shard_index >= index.shard_count() {
+                                return Ok(totals);
                             }
-                        },
-                    )?;
-                }
-                let newest = cold.iter().map(|c| c.3).max();
-                for &(generation, position, row, cold_lsn, cold_state) in &cold {
-                    if newest == Some(cold_lsn) && cold_lsn > lsn {
-                        continue;
-                    }
-                    generation.kill(position);
-                    let counted = shard.effective_state(cold_state, cold_lsn);
-                    if generation.count_sub(row, shard_index, counted) {
-                        shard.counts.sub(counted);
-                        // Counted in progress by the process that wrote the state
-                        // (then released by `finish_recovery`), or released already.
-                        claims += u64::from(
-                            cold_state == State::InProgress
-                                && open_counters
-                                    .get(shard_index)
-                                    .is_some_and(|&open| cold_lsn.counter() >= open),
-                        );
-                    }
-                    killed += 1;
-                }
-                if newest.is_some_and(|newest| newest > lsn) {
-                    let counted = shard.effective_state(state, lsn);
-                    if shard.remove_at(hash, location) {
-                        shard.counts.sub(counted);
-                        claims += u64::from(state == State::InProgress);
-                        dropped += 1;
-                    }
-                }
-            }
+                            let (k, d, c) = self.reconcile_shard(
+                                log,
+                                index,
+                                shard_index,
+                                &generations,
+                                open_counters,
+                            )?;
+                            totals = (totals.0 + k, totals.1 + d, totals.2 + c);
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("a reconciliation thread panicked"))
+                .collect()
+        });
+        let (mut killed, mut dropped, mut claims) = (0, 0, 0);
+        for result in results {
+            let (k, d, c) = result?;
+            killed += k;
+            dropped += d;
+            claims += c;
         }
         if killed + dropped > 0 {
             tracing::info!(
@@ -105,5 +81,80 @@ impl ColdTier {
             );
         }
         Ok(claims)
+    }
+
+    /// `reconcile` of one shard: returns (cold entries killed, hot entries dropped,
+    /// claims uncounted).
+    fn reconcile_shard(
+        &self,
+        log: &Log,
+        index: &Index,
+        shard_index: usize,
+        generations: &[Arc<Generation>],
+        open_counters: &[u64],
+    ) -> Result<(u64, u64, u64), Error> {
+        let (mut killed, mut dropped, mut claims) = (0, 0, 0);
+        let mut positions = Vec::new();
+        let mut shard = index.lock_at(shard_index);
+        let hot: Vec<Location> = shard.entries().map(|(_, at)| at).collect();
+        for location in hot {
+            let (hash, lsn, state, namespace_id, partition, id) =
+                log.with_record(&shard, location, |_, record| {
+                    (
+                        KeyHash::of_record(&record),
+                        record.lsn,
+                        record.state,
+                        record.namespace_id,
+                        record.placement.partition,
+                        record.id.to_vec(),
+                    )
+                })?;
+            // Every live cold record of the key: (generation, position, row, lsn, state).
+            let mut cold = Vec::new();
+            for generation in generations {
+                self.each_record(
+                    generation,
+                    hash,
+                    &mut positions,
+                    |position, row, _, record| {
+                        if record.namespace_id == namespace_id
+                            && record.placement.partition == partition
+                            && record.id == id.as_slice()
+                        {
+                            cold.push((generation, position, row, record.lsn, record.state));
+                        }
+                    },
+                )?;
+            }
+            let newest = cold.iter().map(|c| c.3).max();
+            for &(generation, position, row, cold_lsn, cold_state) in &cold {
+                if newest == Some(cold_lsn) && cold_lsn > lsn {
+                    continue;
+                }
+                generation.kill(position);
+                let counted = shard.effective_state(cold_state, cold_lsn);
+                if generation.count_sub(row, shard_index, counted) {
+                    shard.counts.sub(counted);
+                    // Counted in progress by the process that wrote the state
+                    // (then released by `finish_recovery`), or released already.
+                    claims += u64::from(
+                        cold_state == State::InProgress
+                            && open_counters
+                                .get(shard_index)
+                                .is_some_and(|&open| cold_lsn.counter() >= open),
+                    );
+                }
+                killed += 1;
+            }
+            if newest.is_some_and(|newest| newest > lsn) {
+                let counted = shard.effective_state(state, lsn);
+                if shard.remove_at(hash, location) {
+                    shard.counts.sub(counted);
+                    claims += u64::from(state == State::InProgress);
+                    dropped += 1;
+                }
+            }
+        }
+        Ok((killed, dropped, claims))
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{ColdTier, GENERATIONS_MAX, Generation, RowCounts, SpilledSegment};
+use super::{ColdTier, GENERATIONS_LIMIT, GENERATIONS_MAX, Generation, RowCounts, SpilledSegment};
 use crate::addr::Location;
 use crate::error::Error;
 use crate::format::cold_index::{self, ColdEntry, ColdSegment, ColdWriter};
@@ -33,12 +33,15 @@ const _: () = assert!(crate::limits::SEGMENT_SIZE_BYTES_MAX <= 1 << STATE_SHIFT)
 
 impl ColdTier {
     /// Spills the oldest buckets not spilled yet (deadline order) while the hot tables
-    /// and the generations' RAM exceed `budget`, then merges generations down to
-    /// `GENERATIONS_MAX`. `sync`: sync each file and the directory (every durability
-    /// mode but `None`). The caller keeps the reaper out (`Expiry::pause`).
+    /// and the generations' RAM exceed `budget`, and while fewer than
+    /// `GENERATIONS_LIMIT` generations exist. `merge`: merge generations down to
+    /// `GENERATIONS_MAX` here (`expire_now`); otherwise the merger thread is woken to
+    /// do it while spills go on. `sync`: sync each file and the directory (every
+    /// durability mode but `None`). The caller keeps the reaper out (`Expiry::pause`).
     /// `durable` makes the log durable before each cold state is written: one after
-    /// the spills, one after each merge (a merge of large generations takes minutes,
-    /// and what the spills walked must not wait for it to be skipped by a replay).
+    /// the spills, one after each merge (what the spills walked must not wait for a
+    /// merge to be skipped by a replay).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn enforce(
         &self,
         budget: u64,
@@ -46,6 +49,7 @@ impl ColdTier {
         index: &Index,
         now_ms: u64,
         sync: bool,
+        merge: bool,
         durable: &dyn Fn() -> Result<(), Error>,
     ) -> Result<SpillReport, Error> {
         let stopped = self.working.lock();
@@ -58,6 +62,16 @@ impl ColdTier {
         for segments in live_buckets_after(log, now_ms) {
             if self.hot_and_cold_bytes(index) <= budget {
                 break;
+            }
+            if self.generations.read().len() >= GENERATIONS_LIMIT {
+                if !merge {
+                    // The merger is behind: the next round spills again.
+                    tracing::debug!(
+                        "spills wait for a merge: {GENERATIONS_LIMIT} cold generations"
+                    );
+                    break;
+                }
+                report.merges += self.merge_down(log, index, now_ms, sync, durable)?;
             }
             let segments: Vec<(Arc<Segment>, u64, u64)> = {
                 let spilled = self.spilled.lock();
@@ -83,16 +97,50 @@ impl ColdTier {
                 shard.lock().shrink();
             }
         }
-        self.persist_held(index, durable, sync)?;
-        while self.generations.read().len() > GENERATIONS_MAX {
-            self.merge_smallest_pair(log, index, now_ms, sync)?;
-            report.merges += 1;
-            self.persist_held(index, durable, sync)?;
+        drop(stopped);
+        self.persist(index, durable, sync)?;
+        if merge {
+            report.merges += self.merge_down(log, index, now_ms, sync, durable)?;
+        } else if self.generations.read().len() > GENERATIONS_MAX {
+            self.merge_wake.notify_all();
         }
         if report.buckets + report.merges > 0 {
             release_free_memory();
         }
         Ok(report)
+    }
+
+    /// Merges generations down to `GENERATIONS_MAX`, writing the cold state after
+    /// each merge. Returns the merges made.
+    pub(crate) fn merge_down(
+        &self,
+        log: &Log,
+        index: &Index,
+        now_ms: u64,
+        sync: bool,
+        durable: &dyn Fn() -> Result<(), Error>,
+    ) -> Result<u64, Error> {
+        let stopped = self.merging.lock();
+        let mut merges = 0;
+        while !*stopped
+            && !self.stopping.load(Ordering::Relaxed)
+            && self.generations.read().len() > GENERATIONS_MAX
+        {
+            self.merge_smallest_pair(log, index, now_ms, sync)?;
+            merges += 1;
+            self.persist(index, durable, sync)?;
+        }
+        Ok(merges)
+    }
+
+    /// The merger thread's wait: until a spill leaves more than `GENERATIONS_MAX`
+    /// generations, or `period`. False once the store closes.
+    pub(crate) fn wait_for_merges(&self, period: std::time::Duration) -> bool {
+        let mut stopped = self.merging.lock();
+        if !*stopped && self.generations.read().len() <= GENERATIONS_MAX {
+            self.merge_wake.wait_for(&mut stopped, period);
+        }
+        !*stopped
     }
 
     fn hot_and_cold_bytes(&self, index: &Index) -> u64 {
@@ -114,6 +162,8 @@ impl ColdTier {
         segments: &[(Arc<Segment>, u64, u64)],
         sync: bool,
     ) -> Result<u64, Error> {
+        // No cold state copies a spill half done, and no merge publishes meanwhile.
+        let _publishing = self.publishing.lock();
         let mut entries: Vec<ColdEntry> = Vec::new();
         let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
         for (row, (segment, from, covered)) in segments.iter().enumerate() {

@@ -57,7 +57,7 @@ pub(crate) struct Engine {
     claims_released_at_open: u64,
     expiry: Arc<Expiry>,
     /// The index entries moved out of RAM (`memory_budget`).
-    cold: crate::cold::ColdTier,
+    cold: Arc<crate::cold::ColdTier>,
     operations: Operations,
     /// The partition slots: ownership and shipping when replicated, the highest
     /// offset marked always.
@@ -157,7 +157,7 @@ impl Engine {
             recovery,
             claims_released_at_open,
             expiry: Arc::new(Expiry::default()),
-            cold,
+            cold: Arc::new(cold),
             operations: Operations::new(options.shards),
             replica,
             threads: Mutex::new(Vec::new()),
@@ -176,9 +176,13 @@ impl Engine {
                 inner
                     .expiry
                     .spawn(Arc::downgrade(&inner), period_ms, |inner: &Engine| {
-                        inner.reap()
+                        inner.reap(false)
                     });
             inner.threads.lock().extend([commit_thread, reaper_thread]);
+            if inner.options.memory_budget.is_some() {
+                let merger_thread = spawn_merger(Arc::downgrade(&inner), period_ms);
+                inner.threads.lock().push(merger_thread);
+            }
         }
         Ok(inner)
     }
@@ -210,7 +214,7 @@ impl Engine {
 
     pub(crate) fn expire_now(&self) -> Result<u64, Error> {
         self.check_writable()?;
-        self.reap()
+        self.reap(true)
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -276,8 +280,9 @@ impl Engine {
     /// A reaper round: expire the buckets whose deadline passed, hot and cold, hold
     /// the index to the memory budget, then write the cold state if the tier changed
     /// (after the log is durable: `ColdTier::write_state`), which lets the files of
-    /// the generations that left it go.
-    fn reap(&self) -> Result<u64, Error> {
+    /// the generations that left it go. `merge`: merge the generations down here
+    /// (`expire_now`), not on the merger thread.
+    fn reap(&self, merge: bool) -> Result<u64, Error> {
         let now = self.time.now();
         let hot = self.expiry.reap(&self.log, &self.index, now);
         // The cold tier's share of the retired buckets, whatever the hot part met.
@@ -292,7 +297,7 @@ impl Engine {
         let enforced = match self.options.memory_budget {
             Some(budget) => self
                 .cold
-                .enforce(budget, &self.log, &self.index, now.0, sync, &durable)
+                .enforce(budget, &self.log, &self.index, now.0, sync, merge, &durable)
                 .map(drop),
             None => Ok(()),
         };
@@ -302,6 +307,17 @@ impl Engine {
         enforced?;
         persisted?;
         Ok(forgotten)
+    }
+
+    /// A merger round: merge the cold generations down to `GENERATIONS_MAX`.
+    fn merge_generations(&self) -> Result<u64, Error> {
+        let sync = self.options.durability != Durability::None;
+        let durable = || match sync {
+            true => self.committer.wait_durable(),
+            false => Ok(()),
+        };
+        self.cold
+            .merge_down(&self.log, &self.index, self.time.now().0, sync, &durable)
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -363,6 +379,28 @@ impl Engine {
     }
 }
 
+/// Starts the merger thread (stores with a memory budget): merges cold generations
+/// while the reaper's spills go on, woken by a spill that leaves too many, or every
+/// `period_ms`. Holds the store only for a round, like the reaper.
+fn spawn_merger(engine: std::sync::Weak<Engine>, period_ms: u64) -> std::thread::JoinHandle<()> {
+    let Some(cold) = engine.upgrade().map(|e| Arc::clone(&e.cold)) else {
+        unreachable!("the merger starts while the store is being opened");
+    };
+    std::thread::Builder::new()
+        .name("idemstore-merger".to_string())
+        .spawn(move || {
+            while cold.wait_for_merges(std::time::Duration::from_millis(period_ms)) {
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                if let Err(e) = engine.merge_generations() {
+                    tracing::error!(error = %e, "merging cold generations failed; will retry");
+                }
+            }
+        })
+        .expect("spawning the idemstore merger thread")
+}
+
 /// What recovery rebuilt: the log's segment table, the index, the cold tier, and the
 /// claims of the previous process released.
 struct Recovered {
@@ -408,6 +446,7 @@ fn recover_index(
         reuse_cold,
     )?;
     let cold = crate::cold::ColdTier::new(dir.to_path_buf(), Arc::clone(vfs), options.read_only);
+    let started = std::time::Instant::now();
     let (kept, open_counters) = match recovery.cold.take() {
         Some(reused) => {
             let reused = Arc::try_unwrap(reused).expect("the report's one handle");
@@ -416,13 +455,21 @@ fn recover_index(
         }
         None => (None, Vec::new()),
     };
+    let restore_ms = started.elapsed().as_millis() as u64;
     let mut claims_released_at_open = index.finish_recovery();
     #[cfg(feature = "planted-bugs")]
     let reconcile = !crate::planted::planted("cold-crash-skips-reconcile");
     #[cfg(not(feature = "planted-bugs"))]
     let reconcile = true;
     if reconcile && kept.is_some() && recovery.cold_reconcile {
-        match cold.reconcile(&log, &index, &open_counters) {
+        let started = std::time::Instant::now();
+        let reconciled = cold.reconcile(&log, &index, &open_counters);
+        tracing::info!(
+            restore_ms,
+            reconcile_ms = started.elapsed().as_millis() as u64,
+            "reconciled the cold tier with the replayed records"
+        );
+        match reconciled {
             Ok(uncounted) => {
                 debug_assert!(uncounted <= claims_released_at_open);
                 claims_released_at_open = claims_released_at_open.saturating_sub(uncounted);

@@ -89,6 +89,7 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     let names = vfs.list(&dir).map_err(|e| Error::io("listing", &dir, e))?;
     let survey = survey::survey(vfs, &dir, &names, now_ms)?;
+    let survey_ms = started.elapsed().as_millis() as u64;
     for name in &survey.foreign {
         tracing::warn!(file = %name, "ignoring a file idemstore did not write");
         report.foreign_files += 1;
@@ -155,6 +156,7 @@ pub(crate) fn recover(
 
     // The generation files an earlier open left, with the state it wrote last: only
     // the records no spill walked are replayed (`cold::persist`).
+    let phase = Instant::now();
     let reused = match &cold_state {
         Some(state) => {
             match crate::cold::load(vfs, &dir, &names, state, None, options.shards, now_ms)?
@@ -173,6 +175,7 @@ pub(crate) fn recover(
         }
         None => None,
     };
+    let cold_load_ms = phase.elapsed().as_millis() as u64;
     let covered = reused.as_ref().map(|r| r.covered()).unwrap_or_default();
     let mut pending = Vec::new();
     for segment in &survey.segments {
@@ -212,7 +215,9 @@ pub(crate) fn recover(
         .map(|p| p.file.capacity().saturating_sub(p.from as u64))
         .sum();
     index.reserve(usize::try_from(total_bytes / RECORD_LEN_ESTIMATE).unwrap_or(usize::MAX));
+    let phase = Instant::now();
     let surveys = replay::replay_all(log, index, &pending, namespace_count);
+    let replay_ms = phase.elapsed().as_millis() as u64;
     let mut max_lsn = Lsn(0);
     for (segment, records) in pending.iter().zip(&surveys) {
         max_lsn = max_lsn.max(records.max_lsn);
@@ -231,6 +236,7 @@ pub(crate) fn recover(
 
     // Nothing more can be refused: from here on the directory changes (unless
     // read-only).
+    let phase = Instant::now();
     for segment in &survey.segments {
         let (what, count) = match segment.verdict {
             Verdict::Expired => ("deleting expired segment", &mut report.expired_segments),
@@ -263,6 +269,7 @@ pub(crate) fn recover(
             .sync_data()
             .map_err(|e| Error::io("syncing recovered segment", &segment.path, e))?;
     }
+    let sync_ms = phase.elapsed().as_millis() as u64;
     // Saturating: a file named with seq u64::MAX (damage, or not ours) must not panic.
     log.set_next_seq(survey.max_seq.saturating_add(1));
     index.set_lsn_floor(max_lsn);
@@ -288,6 +295,10 @@ pub(crate) fn recover(
         empty_segments = report.empty_segments,
         read_only,
         ms = report.duration.as_millis() as u64,
+        survey_ms,
+        cold_load_ms,
+        replay_ms,
+        sync_ms,
         "recovered"
     );
     Ok(report)
