@@ -286,6 +286,9 @@ const CRASH_KEYS: u64 = 1 << 62;
 /// The open after the kill -9 of `child`: its time, what it replayed and rebuilt, its
 /// peak anonymous RSS, and duplicates of spilled and of replayed keys.
 fn reopen_after_crash(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
+    // The open's phases (survey, cold load, replay, sync, restore, reconcile) are
+    // logged at info: print them.
+    let _ = tracing::subscriber::set_global_default(PrintInfo);
     let peak = PeakAnon::start();
     let started = Instant::now();
     let mut builder = Store::builder(dir)
@@ -383,4 +386,31 @@ fn main() {
             .unwrap();
         assert!(status.success(), "the reopen child failed: {status:?}");
     }
+}
+
+/// A minimal subscriber: prints each event at info or above, its fields on one line.
+struct PrintInfo;
+
+impl tracing::Subscriber for PrintInfo {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= tracing::Level::INFO
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Line(String);
+        impl tracing::field::Visit for Line {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={value:?}", field.name()));
+            }
+        }
+        let mut line = Line(String::new());
+        event.record(&mut line);
+        println!("    [{}]{}", event.metadata().level(), line.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
 }
