@@ -10,6 +10,12 @@ pub enum Outcome {
     First,
     /// Seen before: skip it.
     Duplicate(Seen),
+    /// Only from a namespace whose policy is [`Policy::approximate`](crate::Policy::approximate):
+    /// the key has no hot entry and the trusted filter of a cold generation holds its
+    /// hash, answered without reading a page or a record. A duplicate, or, at most at
+    /// the namespace's configured false-duplicate rate, a fresh key: skip it. No
+    /// record is read, so there is no [`Seen`]. An exact namespace never answers it.
+    LikelyDuplicate,
 }
 
 impl Outcome {

@@ -257,7 +257,7 @@ pub struct DecodedColdIndex {
 pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
     use crate::format::cold_index;
     let decoded = cold_index::decode_file(bytes).map_err(|e| format!("{e:?}"))?;
-    let filter = &decoded.sections.filter;
+    let sections = &decoded.sections;
     Ok(DecodedColdIndex {
         generation: decoded.header.generation,
         segments: decoded
@@ -269,12 +269,12 @@ pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
         entries: decoded
             .entries
             .iter()
-            .map(|e| (e.key_hash, e.segment, e.offset))
+            .map(|e| (e.key_hash, e.segment, e.offset_field()))
             .collect(),
-        filter_holds_every_entry: decoded
-            .entries
-            .iter()
-            .all(|e| filter.may_contain(e.key_hash)),
+        filter_holds_every_entry: decoded.entries.iter().all(|e| match e.trusted {
+            false => sections.filter.may_contain(e.key_hash),
+            true => sections.trusted.may_contain(e.key_hash),
+        }),
         reencoded: cold_index::encode(
             decoded.header.generation,
             &decoded.sections.segments,
@@ -284,8 +284,8 @@ pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
 }
 
 /// Encodes a cold index file (for seeds and tests): `segments` are `(seq, bucket
-/// deadline, covered length)`, `entries` `(key hash, segment position, offset)`, sorted
-/// here.
+/// deadline, covered length)`, `entries` `(key hash, segment position, offset field)`
+/// (the offset, with bit 31 set for a trusted entry), sorted here.
 pub fn encode_cold_index(
     generation: u64,
     segments: &[(u64, u64, u64)],
@@ -302,10 +302,8 @@ pub fn encode_cold_index(
         .collect();
     let mut entries: Vec<ColdEntry> = entries
         .iter()
-        .map(|&(key_hash, segment, offset)| ColdEntry {
-            key_hash,
-            segment,
-            offset,
+        .map(|&(key_hash, segment, field)| {
+            ColdEntry::decode(key_hash, segment, field).expect("an offset below 2^24")
         })
         .collect();
     entries.sort();

@@ -14,6 +14,7 @@
 //! match inventory.check_and_set("order-42")? {
 //!     Outcome::First => { /* deduct stock */ }
 //!     Outcome::Duplicate(seen) => println!("skip, first seen at {}", seen.first_seen),
+//!     Outcome::LikelyDuplicate => { /* only a namespace with Policy::approximate */ }
 //! }
 //! assert!(!inventory.check_and_set("order-42")?.is_first());
 //!
@@ -77,7 +78,7 @@ pub use error::{Corruption, Error};
 pub use namespace::{Begin, Claim, Namespace};
 pub use operations::{LATENCY_SAMPLE_EVERY, LatencyHistogram, OperationStats};
 pub use options::Durability;
-pub use policy::Policy;
+pub use policy::{APPROXIMATE_RATE_MIN, Policy};
 pub use replication::{Replication, ReplicationMode};
 pub use stats::{ColdTierStats, ReplicationStats, Stats};
 pub use store::{Store, StoreBuilder};

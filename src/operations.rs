@@ -47,8 +47,9 @@ pub(crate) enum Counter {
     Release,
     Fail,
     Remove,
+    CheckAndSetLikelyDuplicate,
 }
-const COUNTERS: usize = Counter::Remove as usize + 1;
+const COUNTERS: usize = Counter::CheckAndSetLikelyDuplicate as usize + 1;
 
 /// The operations whose latency is sampled.
 #[derive(Debug, Clone, Copy)]
@@ -149,6 +150,7 @@ impl Operations {
         OperationStats {
             check_and_set_first: totals[Counter::CheckAndSetFirst as usize],
             check_and_set_duplicate: totals[Counter::CheckAndSetDuplicate as usize],
+            check_and_set_likely_duplicate: totals[Counter::CheckAndSetLikelyDuplicate as usize],
             begin_acquired: totals[Counter::BeginAcquired as usize],
             begin_in_progress: totals[Counter::BeginInProgress as usize],
             begin_completed: totals[Counter::BeginCompleted as usize],
@@ -197,6 +199,8 @@ pub struct OperationStats {
     pub check_and_set_first: u64,
     /// `check_and_set` answers `Duplicate`.
     pub check_and_set_duplicate: u64,
+    /// `check_and_set` answers `LikelyDuplicate` (approximate namespaces only).
+    pub check_and_set_likely_duplicate: u64,
     /// `begin` answers `Acquired`.
     pub begin_acquired: u64,
     /// `begin` answers `InProgress`.

@@ -55,6 +55,12 @@ pub(crate) fn metric_values(stats: &Stats) -> Vec<MetricValue> {
             ops.check_and_set_duplicate,
         ),
         metric(
+            "idemstore_check_and_set_total",
+            Counter,
+            Some(("outcome", "likely_duplicate")),
+            ops.check_and_set_likely_duplicate,
+        ),
+        metric(
             "idemstore_begin_total",
             Counter,
             Some(("answer", "acquired")),

@@ -41,6 +41,7 @@ fn assert_duplicate(outcome: Outcome, first_seen: u64, expires_at: u64) {
             assert_eq!(seen.expires_at, UnixMs(expires_at));
         }
         Outcome::First => panic!("forgotten early: expected Duplicate"),
+        Outcome::LikelyDuplicate => panic!("an exact namespace answered LikelyDuplicate"),
     }
 }
 

@@ -316,6 +316,7 @@ fn child(spec: &str) -> ! {
             match marks.check_and_set(&id).unwrap() {
                 Outcome::First => format!("first {i}"),
                 Outcome::Duplicate(_) => format!("duplicate {i}"),
+                Outcome::LikelyDuplicate => panic!("an exact namespace answered LikelyDuplicate"),
             }
         };
         writeln!(out, "{line}").unwrap();

@@ -109,7 +109,7 @@ impl Generation {
         hash: KeyHash,
         out: &mut Vec<(u64, ColdEntry)>,
     ) -> Result<(), (u64, &'static str)> {
-        if !self.sections.filter.may_contain(hash.0) {
+        if !self.sections.may_contain(hash.0) {
             return Ok(());
         }
         let mut found = Vec::new();
@@ -157,6 +157,16 @@ impl Generation {
         self.dead[(position / 64) as usize].fetch_or(1 << (position % 64), Ordering::AcqRel);
     }
 
+    /// The earliest bucket deadline any of its entries points into.
+    fn first_deadline_ms(&self) -> u64 {
+        self.sections
+            .segments
+            .iter()
+            .map(|s| s.bucket_deadline_ms)
+            .min()
+            .unwrap_or(0)
+    }
+
     /// The latest bucket deadline any of its entries points into.
     fn last_deadline_ms(&self) -> u64 {
         self.sections
@@ -171,6 +181,7 @@ impl Generation {
     /// the dead-entry bits.
     fn ram_bytes(&self) -> u64 {
         (self.sections.filter.bytes()
+            + self.sections.trusted.bytes()
             + self.sections.fences.len() * 8
             + self.sections.segments.len() * (24 + 16)
             + self.dead.len() * 8) as u64
@@ -278,6 +289,9 @@ pub(crate) struct ColdTier {
     /// publishes its file and carries late kills over, so a state never copies a
     /// half-published change; `true` after close (only close's own state is written).
     publishing: Mutex<bool>,
+    /// Namespaces opened with `Policy::approximate` (this open): a spill marks their
+    /// keys' entries trusted.
+    trusted_namespaces: RwLock<std::collections::HashSet<u32>>,
     /// Close began: a running merge gives up at its next page.
     stopping: AtomicBool,
     /// Wakes the merger thread (a spill left more than `GENERATIONS_MAX`, or close).
@@ -316,6 +330,7 @@ impl ColdTier {
             working: Mutex::new(false),
             merging: Mutex::new(false),
             publishing: Mutex::new(false),
+            trusted_namespaces: RwLock::new(std::collections::HashSet::new()),
             stopping: AtomicBool::new(false),
             merge_wake: parking_lot::Condvar::new(),
             leaving: Mutex::new(Vec::new()),
@@ -374,6 +389,28 @@ impl ColdTier {
             }
         }
         Ok(None)
+    }
+
+    /// Whether the trusted filter of a generation whose buckets are all live at `now_ms`
+    /// holds `hash` (an approximate namespace's answer from RAM: `LikelyDuplicate`). A
+    /// generation with an expired bucket is left to the exact lookup, which drops its
+    /// expired entries.
+    pub(crate) fn trusts(&self, hash: KeyHash, now_ms: u64) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        let now_ms = match crate::planted::planted("approximate-trusts-expired") {
+            true => 0,
+            false => now_ms,
+        };
+        self.generations.read().iter().rev().any(|g| {
+            !g.sections.trusted.is_empty()
+                && g.first_deadline_ms() > now_ms
+                && g.sections.trusted.may_contain(hash.0)
+        })
+    }
+
+    /// Namespaces whose keys spills mark trusted: `Policy::approximate` opened them.
+    pub(crate) fn trust_namespace(&self, namespace_id: u32) {
+        self.trusted_namespaces.write().insert(namespace_id);
     }
 
     /// Calls `each(position, row, offset, record)` for every live entry of `hash` in
@@ -513,58 +550,5 @@ impl ColdTier {
         *self.merging.lock() = true;
         self.merge_wake.notify_all();
         *self.publishing.lock() = true;
-    }
-}
-
-impl ColdTier {
-    /// Deletes what an earlier open left and this one does not use: temp files, the
-    /// generation files not in `kept` (written after the cold state this open used,
-    /// or waiting to be deleted) and, without `kept` (nothing was reused: the log's
-    /// replay rebuilt their keys, counted in `Stats`), every generation file and the
-    /// cold state.
-    pub(crate) fn remove_leftovers(
-        &self,
-        kept: Option<&std::collections::BTreeSet<u64>>,
-    ) -> Result<(), crate::error::Error> {
-        let dir = &self.dir;
-        let names = self
-            .vfs
-            .list(dir)
-            .map_err(|e| crate::error::Error::io("listing", dir, e))?;
-        let (mut removed, mut generations) = (0, 0);
-        for name in &names {
-            let temp = name.ends_with(".tmp");
-            let cold = crate::layout::is_cold_file(name);
-            let unused = match kept {
-                Some(kept) => crate::layout::parse_cold_file_name(name)
-                    .is_none_or(|number| !kept.contains(&number)),
-                None => true,
-            };
-            let leftover = (cold && (temp || unused))
-                || name == crate::layout::COLD_STATE_TEMP
-                || (kept.is_none() && name == crate::layout::COLD_STATE);
-            if !leftover {
-                continue;
-            }
-            let path = dir.join(name);
-            self.vfs.remove(&path).map_err(|e| {
-                crate::error::Error::io("deleting a cold index file of an earlier open", &path, e)
-            })?;
-            removed += 1;
-            generations += u64::from(cold && !temp && kept.is_none());
-        }
-        if removed > 0 {
-            self.vfs
-                .sync_dir(dir)
-                .map_err(|e| crate::error::Error::io("syncing directory", dir, e))?;
-        }
-        if generations > 0 {
-            self.rebuilt.store(generations, Ordering::Relaxed);
-            tracing::info!(
-                files = generations,
-                "deleted cold index files an earlier open left without a usable cold state; the index was rebuilt from the log"
-            );
-        }
-        Ok(())
     }
 }

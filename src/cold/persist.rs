@@ -523,3 +523,56 @@ impl ColdTier {
         reused.open_counters
     }
 }
+
+impl ColdTier {
+    /// Deletes what an earlier open left and this one does not use: temp files, the
+    /// generation files not in `kept` (written after the cold state this open used,
+    /// or waiting to be deleted) and, without `kept` (nothing was reused: the log's
+    /// replay rebuilt their keys, counted in `Stats`), every generation file and the
+    /// cold state.
+    pub(crate) fn remove_leftovers(
+        &self,
+        kept: Option<&std::collections::BTreeSet<u64>>,
+    ) -> Result<(), crate::error::Error> {
+        let dir = &self.dir;
+        let names = self
+            .vfs
+            .list(dir)
+            .map_err(|e| crate::error::Error::io("listing", dir, e))?;
+        let (mut removed, mut generations) = (0, 0);
+        for name in &names {
+            let temp = name.ends_with(".tmp");
+            let cold = crate::layout::is_cold_file(name);
+            let unused = match kept {
+                Some(kept) => crate::layout::parse_cold_file_name(name)
+                    .is_none_or(|number| !kept.contains(&number)),
+                None => true,
+            };
+            let leftover = (cold && (temp || unused))
+                || name == crate::layout::COLD_STATE_TEMP
+                || (kept.is_none() && name == crate::layout::COLD_STATE);
+            if !leftover {
+                continue;
+            }
+            let path = dir.join(name);
+            self.vfs.remove(&path).map_err(|e| {
+                crate::error::Error::io("deleting a cold index file of an earlier open", &path, e)
+            })?;
+            removed += 1;
+            generations += u64::from(cold && !temp && kept.is_none());
+        }
+        if removed > 0 {
+            self.vfs
+                .sync_dir(dir)
+                .map_err(|e| crate::error::Error::io("syncing directory", dir, e))?;
+        }
+        if generations > 0 {
+            self.rebuilt.store(generations, Ordering::Relaxed);
+            tracing::info!(
+                files = generations,
+                "deleted cold index files an earlier open left without a usable cold state; the index was rebuilt from the log"
+            );
+        }
+        Ok(())
+    }
+}

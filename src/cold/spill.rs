@@ -166,6 +166,7 @@ impl ColdTier {
         let _publishing = self.publishing.lock();
         let mut entries: Vec<ColdEntry> = Vec::new();
         let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
+        let trusted = self.trusted_namespaces.read().clone();
         for (row, (segment, from, covered)) in segments.iter().enumerate() {
             let bytes = segment.file.read(0, *covered as usize);
             reader::scan(bytes, *from as usize, |offset, record| {
@@ -189,6 +190,7 @@ impl ColdTier {
                         key_hash: hash.0,
                         segment: row as u32,
                         offset: offset as u32 | (StateCounts::index(state) as u32) << STATE_SHIFT,
+                        trusted: trusted.contains(&record.namespace_id),
                     });
                 }
             });

@@ -32,6 +32,8 @@ pub(crate) struct Scope {
     pub ttl_ms: u64,
     pub lease_ms: u64,
     pub max_attempts: u32,
+    /// `Policy::approximate`: cold keys may answer `LikelyDuplicate`.
+    pub approximate: bool,
 }
 
 impl std::fmt::Debug for Scope {
@@ -52,6 +54,7 @@ impl Scope {
             ttl_ms: policy.ttl_ms(),
             lease_ms: policy.lease_ms(),
             max_attempts: policy.max_attempts,
+            approximate: policy.approximate.is_some(),
         }
     }
 
@@ -61,6 +64,7 @@ impl Scope {
             ttl_ms: policy.ttl_ms(),
             lease_ms: policy.lease_ms(),
             max_attempts: policy.max_attempts,
+            approximate: policy.approximate.is_some(),
             ..self.clone()
         }
     }
@@ -137,7 +141,25 @@ impl Engine {
                 "max_attempts = 0: it must be at least 1",
             ));
         }
+        if let Some(rate) = policy.false_duplicate_rate()
+            && !(crate::policy::APPROXIMATE_RATE_MIN..1.0).contains(&rate)
+        {
+            return Err(Error::invalid_option(format!(
+                "false_duplicate_rate {rate}: approximate mode meets rates from {:.3e} (16 cold generations, 16-bit fingerprints) up to below 1; use an exact namespace for a lower one",
+                crate::policy::APPROXIMATE_RATE_MIN
+            )));
+        }
         Ok(())
+    }
+
+    /// Claims and removal need an exact namespace: a filter cannot forget a key.
+    fn check_exact(&self, namespace: &Scope, what: &str) -> Result<(), Error> {
+        match namespace.approximate {
+            false => Ok(()),
+            true => Err(Error::invalid_option(format!(
+                "{what} on an approximate namespace (Policy::approximate): claims and remove need an exact namespace"
+            ))),
+        }
     }
 
     /// Open, writable, and `id` in bounds.
@@ -163,6 +185,12 @@ impl Engine {
         id: &[u8],
         offset: Option<u64>,
     ) -> Result<Pending<Outcome>, Error> {
+        if namespace.approximate
+            && namespace.slot.is_none()
+            && self.likely_duplicate(namespace.target(id, offset))?
+        {
+            return Ok(Pending::local(Outcome::LikelyDuplicate, false));
+        }
         let request = Request::CheckAndSet {
             ttl_ms: namespace.ttl_ms,
         };
@@ -268,6 +296,7 @@ impl Engine {
         payload_fp: Option<u64>,
     ) -> Result<Pending<Began>, Error> {
         self.check_write(id)?;
+        self.check_exact(namespace, "begin")?;
         let request = Request::Begin {
             ttl_ms: namespace.ttl_ms,
             lease_ms: namespace.lease_ms,
@@ -328,6 +357,7 @@ impl Engine {
         if let Resolution::Extend(lease_ms) = how {
             self.validate_duration(Duration::from_millis(lease_ms))?;
         }
+        self.check_exact(namespace, "completing, failing or releasing a claim")?;
         let request = Request::Resolve {
             attempt,
             lsn,
@@ -369,6 +399,7 @@ impl Engine {
 
     pub(crate) fn remove(&self, namespace: &Scope, id: &[u8]) -> Result<bool, Error> {
         self.check_write(id)?;
+        self.check_exact(namespace, "remove")?;
         let pending = self.apply(namespace.target(id, None), &Request::Remove)?;
         self.settle(pending.map(|value| matches!(value, Applied::Written { .. })))
     }

@@ -198,7 +198,11 @@ impl Engine {
             )));
         }
         self.validate_policy(policy)?;
-        self.namespaces.id(name, &self.poison)
+        let id = self.namespaces.id(name, &self.poison)?;
+        if policy.approximate.is_some() {
+            self.cold.trust_namespace(id);
+        }
+        Ok(id)
     }
 
     pub(crate) fn flush(&self) -> Result<(), Error> {

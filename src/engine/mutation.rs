@@ -164,6 +164,35 @@ impl Engine {
         Ok(())
     }
 
+    /// For an approximate namespace: whether the key has no hot entry and the trusted
+    /// filter of a cold generation whose buckets are all live holds its hash
+    /// (`Outcome::LikelyDuplicate`, answered without reading a page or a record).
+    /// Counted here, under the shard's lock.
+    pub(super) fn likely_duplicate(&self, target: Target<'_>) -> Result<bool, Error> {
+        if self.cold.is_empty() {
+            return Ok(false);
+        }
+        let (namespace_id, partition, id) =
+            (target.namespace_id, target.placement.partition, target.id);
+        let hash = KeyHash::of(namespace_id, partition, id);
+        let now = self.time.now();
+        let shard = self.index.lock(hash);
+        if self
+            .find(&shard, hash, namespace_id, partition, id)?
+            .is_some()
+        {
+            return Ok(false);
+        }
+        let likely = self.cold.trusts(hash, now.0);
+        if likely {
+            self.operations.count_locked(
+                self.index.shard_of(hash),
+                Counter::CheckAndSetLikelyDuplicate,
+            );
+        }
+        Ok(likely)
+    }
+
     /// The key's newest record in the cold tier (after a miss in the hot table).
     #[cold]
     #[inline(never)]

@@ -81,7 +81,35 @@ pub(crate) struct ColdEntry {
     pub key_hash: u64,
     /// A position in the file's segment table.
     pub segment: u32,
+    /// Below 2^24 (segments are at most 16 MiB).
     pub offset: u32,
+    /// The key's namespace was approximate when the entry was spilled: its hash is in
+    /// the trusted filter, not the exact one (the offset's top bit in the file).
+    pub trusted: bool,
+}
+
+/// The offset field's top bit: the entry is trusted.
+const TRUSTED_BIT: u32 = 1 << 31;
+/// The offset field's bits a record offset may use.
+const OFFSET_MASK: u32 = (1 << 24) - 1;
+
+impl ColdEntry {
+    /// From a page's segment and offset fields; `None` if the offset field uses bits
+    /// neither an offset nor the trusted flag may.
+    pub(crate) fn decode(key_hash: u64, segment: u32, field: u32) -> Option<ColdEntry> {
+        (field & !(TRUSTED_BIT | OFFSET_MASK) == 0).then_some(ColdEntry {
+            key_hash,
+            segment,
+            offset: field & OFFSET_MASK,
+            trusted: field & TRUSTED_BIT != 0,
+        })
+    }
+
+    /// The offset field as a page holds it.
+    pub(crate) fn offset_field(&self) -> u32 {
+        debug_assert!(self.offset <= OFFSET_MASK);
+        self.offset | if self.trusted { TRUSTED_BIT } else { 0 }
+    }
 }
 
 /// A segment a generation's entries point into.
@@ -102,6 +130,8 @@ pub(crate) struct Header {
     pub entry_count: u64,
     pub filter_len: u32,
     pub filter_kind: u8,
+    /// Bytes of the trusted filter section (0: none, and no section).
+    pub trusted_len: u32,
 }
 
 impl Header {
@@ -111,10 +141,15 @@ impl Header {
     }
 
     pub(crate) fn sections_len(&self) -> u64 {
+        let trusted = match self.trusted_len {
+            0 => 0,
+            len => u64::from(len) + CHECKSUM_LEN as u64,
+        };
         u64::from(self.segment_count) * SEGMENT_LEN as u64
             + u64::from(self.filter_len)
             + u64::from(self.page_count) * 8
             + 3 * CHECKSUM_LEN as u64
+            + trusted
     }
 
     /// The exact length of the file.
@@ -163,7 +198,7 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
     if read_u32(bytes, 8) != VERSION {
         return Err(ColdError::Invalid("unsupported cold index version"));
     }
-    let reserved_zero = bytes[45..48].iter().all(|&b| b == 0) && read_u64(bytes, 48) == 0;
+    let reserved_zero = bytes[45..48].iter().all(|&b| b == 0) && read_u32(bytes, 52) == 0;
     if read_u32(bytes, 12) as usize != HEADER_LEN || !reserved_zero {
         return Err(ColdError::Invalid("cold index header fields out of range"));
     }
@@ -174,6 +209,7 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
         entry_count: read_u64(bytes, 32),
         filter_len: read_u32(bytes, 40),
         filter_kind: bytes[44],
+        trusted_len: read_u32(bytes, 48),
     };
     let pages = u64::from(header.page_count);
     let full_pages = header.entry_count.div_ceil(PAGE_ENTRIES as u64);
@@ -187,9 +223,21 @@ pub(crate) fn decode_header(bytes: &[u8]) -> Result<Header, ColdError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sections {
     pub segments: Vec<ColdSegment>,
+    /// The exact filter: the hashes of the entries that are not trusted.
     pub filter: FilterParts,
+    /// The trusted filter (16-bit fingerprints): the hashes of the trusted entries.
+    pub trusted: FilterParts,
     /// The first key hash of each page.
     pub fences: Vec<u64>,
+}
+
+impl Sections {
+    /// Whether either filter may hold `key_hash` (an exact lookup reads the pages).
+    #[inline]
+    pub(crate) fn may_contain(&self, key_hash: u64) -> bool {
+        self.filter.may_contain(key_hash)
+            || (!self.trusted.is_empty() && self.trusted.may_contain(key_hash))
+    }
 }
 
 /// Decodes and verifies the sections: `bytes` is the file from
@@ -222,6 +270,13 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
         header.page_count as usize * 8,
         "cold index fences checksum mismatch",
     )?;
+    let trusted = match header.trusted_len {
+        0 => None,
+        len => Some(section(
+            len as usize,
+            "cold index trusted filter checksum mismatch",
+        )?),
+    };
     let segments = table
         .chunks_exact(SEGMENT_LEN)
         .map(|s| ColdSegment {
@@ -236,6 +291,16 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
         .ok_or(ColdError::Invalid(
             "cold index filter does not fit its fingerprints",
         ))?;
+    let trusted = match trusted {
+        None => FilterParts::empty(),
+        Some(bytes) => {
+            FilterParts::decode(bytes)
+                .filter(|t| !t.is_empty())
+                .ok_or(ColdError::Invalid(
+                    "cold index trusted filter does not fit its fingerprints",
+                ))?
+        }
+    };
     let fences: Vec<u64> = fences.chunks_exact(8).map(|f| read_u64(f, 0)).collect();
     if fences.windows(2).any(|w| w[0] > w[1]) {
         return Err(ColdError::Invalid("cold index fences out of order"));
@@ -243,6 +308,7 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
     Ok(Sections {
         segments,
         filter,
+        trusted,
         fences,
     })
 }
@@ -296,10 +362,13 @@ pub(crate) fn decode_page(
     let mut previous = fence;
     for i in 0..count {
         let at = i * ENTRY_LEN;
-        let entry = ColdEntry {
-            key_hash: read_u64(bytes, at),
-            segment: read_u32(bytes, at + 8),
-            offset: read_u32(bytes, at + 12),
+        let Some(entry) = ColdEntry::decode(
+            read_u64(bytes, at),
+            read_u32(bytes, at + 8),
+            read_u32(bytes, at + 12),
+        ) else {
+            out.truncate(start);
+            return Err(ColdError::Invalid("cold index entry offset out of range"));
         };
         let in_order = if i == 0 {
             entry.key_hash == fence
@@ -358,10 +427,10 @@ pub(crate) fn find_in_page(
             break;
         }
         let at = i * ENTRY_LEN;
-        let entry = ColdEntry {
-            key_hash,
-            segment: read_u32(bytes, at + 8),
-            offset: read_u32(bytes, at + 12),
+        let Some(entry) =
+            ColdEntry::decode(key_hash, read_u32(bytes, at + 8), read_u32(bytes, at + 12))
+        else {
+            return Err(ColdError::Invalid("cold index entry offset out of range"));
         };
         if entry.segment as usize >= sections.segments.len() {
             return Err(ColdError::Invalid("cold index entry names no segment"));
@@ -394,7 +463,7 @@ pub(crate) fn find<E>(
     mut read_page: impl FnMut(u32, &mut [u8; PAGE_LEN]) -> Result<(), E>,
     out: &mut Vec<ColdEntry>,
 ) -> Result<(), FindError<E>> {
-    if !sections.filter.may_contain(key_hash) {
+    if !sections.may_contain(key_hash) {
         return Ok(());
     }
     let mut page_bytes = [0u8; PAGE_LEN];
@@ -447,10 +516,18 @@ pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, ColdError> {
         let at = header.page_offset(page) as usize;
         decode_page(&header, &sections, page, &bytes[at..], &mut entries)?;
     }
-    // The filter must be the one the entries make: a filter that misses an entry is a
-    // wrong answer (a duplicate taken for a fresh key), whatever its checksum says.
-    let hashes: Vec<u64> = entries.iter().map(|e| e.key_hash).collect();
-    if !sections.filter.is_built_from(&hashes) {
+    // The filters must be the ones the entries make: a filter that misses an entry is
+    // a wrong answer (a duplicate taken for a fresh key), whatever its checksum says.
+    let hashes = |trusted: bool| -> Vec<u64> {
+        entries
+            .iter()
+            .filter(|e| e.trusted == trusted)
+            .map(|e| e.key_hash)
+            .collect()
+    };
+    if !sections.filter.is_built_from(&hashes(false))
+        || !sections.trusted.is_built_from(&hashes(true))
+    {
         return Err(ColdError::Invalid(
             "cold index filter is not its entries' filter",
         ));

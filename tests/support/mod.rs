@@ -138,6 +138,9 @@ impl Model {
                 );
                 seen.first_seen.0
             }
+            idemstore::Outcome::LikelyDuplicate => {
+                panic!("{id}: an exact namespace answered LikelyDuplicate")
+            }
         };
         self.add(Promise {
             ns: 0,

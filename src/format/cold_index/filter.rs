@@ -15,7 +15,7 @@
 //! false positive costs a page read, never a wrong answer (every hit is verified
 //! against the key bytes).
 
-use xorf::{BinaryFuse8, Descriptor, Filter};
+use xorf::{BinaryFuse8, BinaryFuse16, Descriptor, Filter};
 
 use crate::format::{read_u32, read_u64};
 
@@ -30,6 +30,10 @@ pub(crate) enum ColdFilter {
     /// (xorf's construction gives up after many seeds; never seen in practice).
     Everything,
     Fuse(BinaryFuse8),
+    /// 16-bit fingerprints: the filter of the entries an approximate namespace trusts
+    /// (a hit answers without reading the page, so its false-positive rate is the
+    /// false-duplicate rate: 2^-16 a generation).
+    Fuse16(BinaryFuse16),
 }
 
 impl PartialEq for ColdFilter {
@@ -37,6 +41,9 @@ impl PartialEq for ColdFilter {
         match (self, other) {
             (ColdFilter::Everything, ColdFilter::Everything) => true,
             (ColdFilter::Fuse(a), ColdFilter::Fuse(b)) => {
+                a.descriptor == b.descriptor && a.fingerprints == b.fingerprints
+            }
+            (ColdFilter::Fuse16(a), ColdFilter::Fuse16(b)) => {
                 a.descriptor == b.descriptor && a.fingerprints == b.fingerprints
             }
             _ => false,
@@ -47,19 +54,24 @@ impl PartialEq for ColdFilter {
 impl Eq for ColdFilter {}
 
 impl ColdFilter {
-    /// The filter of `sorted` key hashes (ascending; equal ones are taken once).
-    pub(crate) fn build(sorted: &[u64]) -> ColdFilter {
+    /// The filter of `sorted` key hashes (ascending; equal ones are taken once), with
+    /// 16-bit fingerprints if `wide`.
+    pub(crate) fn build(sorted: &[u64], wide: bool) -> ColdFilter {
         debug_assert!(sorted.windows(2).all(|w| w[0] <= w[1]));
         let mut distinct = sorted.to_vec();
         distinct.dedup();
-        ColdFilter::build_distinct(&distinct)
+        ColdFilter::build_distinct(&distinct, wide)
     }
 
     /// The filter of `distinct` key hashes (ascending, no two equal).
-    fn build_distinct(distinct: &[u64]) -> ColdFilter {
+    fn build_distinct(distinct: &[u64], wide: bool) -> ColdFilter {
         debug_assert!(distinct.windows(2).all(|w| w[0] < w[1]));
-        match BinaryFuse8::try_from(distinct) {
-            Ok(filter) => ColdFilter::Fuse(filter),
+        let built = match wide {
+            false => BinaryFuse8::try_from(distinct).map(ColdFilter::Fuse),
+            true => BinaryFuse16::try_from(distinct).map(ColdFilter::Fuse16),
+        };
+        match built {
+            Ok(filter) => filter,
             Err(why) => {
                 tracing::warn!(
                     keys = distinct.len(),
@@ -77,6 +89,7 @@ impl ColdFilter {
         match self {
             ColdFilter::Everything => true,
             ColdFilter::Fuse(filter) => filter.contains(&key_hash),
+            ColdFilter::Fuse16(filter) => filter.contains(&key_hash),
         }
     }
 
@@ -85,48 +98,79 @@ impl ColdFilter {
         match self {
             ColdFilter::Everything => 0,
             ColdFilter::Fuse(filter) => filter.fingerprints.len() + DESCRIPTOR_LEN,
+            ColdFilter::Fuse16(filter) => 2 * filter.fingerprints.len() + DESCRIPTOR_LEN,
         }
     }
 
-    /// The filter's kind byte in the file: 0 none (holds everything), 1 binary fuse 8.
+    /// The filter's kind byte in the file: 0 none (holds everything), 1 binary fuse 8,
+    /// 2 binary fuse 16.
     pub(crate) fn kind(&self) -> u8 {
         match self {
             ColdFilter::Everything => 0,
             ColdFilter::Fuse(_) => 1,
+            ColdFilter::Fuse16(_) => 2,
         }
+    }
+
+    fn is_wide(&self) -> bool {
+        matches!(self, ColdFilter::Fuse16(_))
     }
 
     /// The filter section: nothing for `Everything`; for a fuse filter the descriptor
     /// (u64 seed, u32 segment length, u32 mask, u32 segments' total length) and the
     /// fingerprints.
     pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
-        if let ColdFilter::Fuse(filter) = self {
-            let d = &filter.descriptor;
-            out.extend_from_slice(&d.seed.to_le_bytes());
-            out.extend_from_slice(&d.segment_length.to_le_bytes());
-            out.extend_from_slice(&d.segment_length_mask.to_le_bytes());
-            out.extend_from_slice(&d.segment_count_length.to_le_bytes());
-            out.extend_from_slice(&filter.fingerprints);
+        let d = match self {
+            ColdFilter::Everything => return,
+            ColdFilter::Fuse(filter) => &filter.descriptor,
+            ColdFilter::Fuse16(filter) => &filter.descriptor,
+        };
+        out.extend_from_slice(&d.seed.to_le_bytes());
+        out.extend_from_slice(&d.segment_length.to_le_bytes());
+        out.extend_from_slice(&d.segment_length_mask.to_le_bytes());
+        out.extend_from_slice(&d.segment_count_length.to_le_bytes());
+        match self {
+            ColdFilter::Everything => {}
+            ColdFilter::Fuse(filter) => out.extend_from_slice(&filter.fingerprints),
+            ColdFilter::Fuse16(filter) => {
+                for f in filter.fingerprints.iter() {
+                    out.extend_from_slice(&f.to_le_bytes());
+                }
+            }
         }
     }
 
     /// A filter from its kind byte and section; `None` if they do not make one whose
     /// every probe stays inside its fingerprints.
     pub(crate) fn decode(kind: u8, bytes: &[u8]) -> Option<ColdFilter> {
+        if kind == 0 {
+            return bytes.is_empty().then_some(ColdFilter::Everything);
+        }
+        if bytes.len() <= DESCRIPTOR_LEN {
+            return None;
+        }
+        let descriptor = Descriptor {
+            seed: read_u64(bytes, 0),
+            segment_length: read_u32(bytes, 8),
+            segment_length_mask: read_u32(bytes, 12),
+            segment_count_length: read_u32(bytes, 16),
+        };
+        let fingerprints = &bytes[DESCRIPTOR_LEN..];
         match kind {
-            0 if bytes.is_empty() => Some(ColdFilter::Everything),
-            1 if bytes.len() > DESCRIPTOR_LEN => {
-                let descriptor = Descriptor {
-                    seed: read_u64(bytes, 0),
-                    segment_length: read_u32(bytes, 8),
-                    segment_length_mask: read_u32(bytes, 12),
-                    segment_count_length: read_u32(bytes, 16),
-                };
-                let fingerprints = &bytes[DESCRIPTOR_LEN..];
-                probes_in_bounds(&descriptor, fingerprints.len()).then(|| {
-                    ColdFilter::Fuse(BinaryFuse8 {
+            1 => probes_in_bounds(&descriptor, fingerprints.len()).then(|| {
+                ColdFilter::Fuse(BinaryFuse8 {
+                    descriptor,
+                    fingerprints: fingerprints.into(),
+                })
+            }),
+            2 if fingerprints.len().is_multiple_of(2) => {
+                probes_in_bounds(&descriptor, fingerprints.len() / 2).then(|| {
+                    ColdFilter::Fuse16(BinaryFuse16 {
                         descriptor,
-                        fingerprints: fingerprints.into(),
+                        fingerprints: fingerprints
+                            .chunks_exact(2)
+                            .map(|f| u16::from_le_bytes([f[0], f[1]]))
+                            .collect(),
                     })
                 })
             }
@@ -158,12 +202,25 @@ pub(crate) struct FilterParts {
 impl FilterParts {
     /// The filter of `sorted` key hashes (ascending; equal ones are taken once), in
     /// parts of `part_keys` distinct hashes.
-    pub(crate) fn build(sorted: &[u64], part_keys: usize) -> FilterParts {
-        let mut builder = FilterBuilder::new(part_keys);
+    pub(crate) fn build(sorted: &[u64], part_keys: usize, wide: bool) -> FilterParts {
+        let mut builder = FilterBuilder::new(part_keys, wide);
         for &hash in sorted {
             builder.push(hash);
         }
         builder.finish()
+    }
+
+    /// No parts: holds no hash (a generation's trusted filter when it has no entry of
+    /// an approximate namespace).
+    pub(crate) fn empty() -> FilterParts {
+        FilterParts {
+            firsts: Vec::new(),
+            parts: Vec::new(),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.parts.is_empty()
     }
 
     /// False: `key_hash` is not in the generation. True: it may be.
@@ -219,7 +276,8 @@ impl FilterParts {
                 .firsts
                 .get(i + 1)
                 .map_or(rest.len(), |&next| rest.partition_point(|&h| h < next));
-            if rest.first() != Some(&self.firsts[i]) || ColdFilter::build(&rest[..end]) != *part {
+            let rebuilt = ColdFilter::build(&rest[..end], part.is_wide());
+            if rest.first() != Some(&self.firsts[i]) || rebuilt != *part {
                 return false;
             }
             rest = &rest[end..];
@@ -258,6 +316,8 @@ impl FilterParts {
 /// Builds a generation's [`FilterParts`] as its key hashes arrive in ascending order.
 pub(crate) struct FilterBuilder {
     part_keys: usize,
+    /// 16-bit fingerprints.
+    wide: bool,
     firsts: Vec<u64>,
     parts: Vec<ColdFilter>,
     /// The current part's distinct hashes.
@@ -265,10 +325,11 @@ pub(crate) struct FilterBuilder {
 }
 
 impl FilterBuilder {
-    pub(crate) fn new(part_keys: usize) -> FilterBuilder {
+    pub(crate) fn new(part_keys: usize, wide: bool) -> FilterBuilder {
         assert!(part_keys > 0);
         FilterBuilder {
             part_keys,
+            wide,
             firsts: Vec::new(),
             parts: Vec::new(),
             pending: Vec::new(),
@@ -290,7 +351,8 @@ impl FilterBuilder {
 
     fn seal(&mut self) {
         if let Some(&first) = self.pending.first() {
-            self.parts.push(ColdFilter::build_distinct(&self.pending));
+            self.parts
+                .push(ColdFilter::build_distinct(&self.pending, self.wide));
             self.firsts.push(first);
             self.pending.clear();
         }
@@ -338,7 +400,7 @@ mod tests {
     #[test]
     fn never_a_false_negative_and_about_the_designed_false_positive_rate() {
         let keys = hashes(200_000, 1);
-        let filter = ColdFilter::build(&keys);
+        let filter = ColdFilter::build(&keys, false);
         assert_eq!(filter.kind(), 1);
         assert!(keys.iter().all(|&k| filter.may_contain(k)));
         let probes = hashes(1_000_000, 2);
@@ -356,7 +418,7 @@ mod tests {
             let mut keys = hashes(n, 3);
             keys.extend(keys.clone());
             keys.sort_unstable();
-            let filter = ColdFilter::build(&keys);
+            let filter = ColdFilter::build(&keys, false);
             assert!(keys.iter().all(|&k| filter.may_contain(k)), "{n}");
             let mut bytes = Vec::new();
             filter.encode_into(&mut bytes);
@@ -370,7 +432,7 @@ mod tests {
 
     #[test]
     fn the_encoding_round_trips_and_an_unsafe_descriptor_is_refused() {
-        let filter = ColdFilter::build(&hashes(5_000, 4));
+        let filter = ColdFilter::build(&hashes(5_000, 4), false);
         let mut bytes = Vec::new();
         filter.encode_into(&mut bytes);
         assert_eq!(bytes.len(), filter.bytes());
@@ -398,5 +460,29 @@ mod tests {
             .iter()
             .filter(|&&k| other.may_contain(k))
             .count();
+    }
+
+    #[test]
+    fn sixteen_bit_fingerprints_round_trip_at_about_their_designed_rate() {
+        let keys = hashes(200_000, 6);
+        let filter = ColdFilter::build(&keys, true);
+        assert_eq!(filter.kind(), 2);
+        assert!(keys.iter().all(|&k| filter.may_contain(k)));
+        let probes = hashes(2_000_000, 7);
+        let false_positives = probes.iter().filter(|&&k| filter.may_contain(k)).count();
+        // 2^-16 ≈ 1.5e-5: about 30 of 2M.
+        assert!(
+            (5..100).contains(&false_positives),
+            "{false_positives} false positives"
+        );
+        let per_key = filter.bytes() as f64 / keys.len() as f64;
+        assert!((2.0..2.6).contains(&per_key), "{per_key} bytes per key");
+        let mut bytes = Vec::new();
+        filter.encode_into(&mut bytes);
+        assert_eq!(bytes.len(), filter.bytes());
+        assert_eq!(ColdFilter::decode(2, &bytes), Some(filter));
+        assert_eq!(ColdFilter::decode(2, &bytes[..bytes.len() - 1]), None);
+        assert_eq!(ColdFilter::decode(2, &bytes[..bytes.len() - 2]), None);
+        assert_eq!(ColdFilter::decode(1, &bytes), None);
     }
 }

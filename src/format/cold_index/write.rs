@@ -22,6 +22,8 @@ pub(crate) struct ColdWriter<S: FnMut(u64, &[u8]) -> io::Result<()>> {
     entries: u64,
     fences: Vec<u64>,
     filter: FilterBuilder,
+    /// The trusted entries' filter (16-bit fingerprints).
+    trusted: FilterBuilder,
     /// Encoded pages not written yet, and the file offset of the first.
     chunk: Vec<u8>,
     chunk_at: u64,
@@ -36,7 +38,8 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
             pages: 0,
             entries: 0,
             fences: Vec::new(),
-            filter: FilterBuilder::new(part_keys),
+            filter: FilterBuilder::new(part_keys, false),
+            trusted: FilterBuilder::new(part_keys, true),
             chunk: Vec::with_capacity(WRITE_CHUNK),
             chunk_at: PAGE_LEN as u64,
         }
@@ -54,7 +57,10 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
                 .last()
                 .is_none_or(|l| l.key_hash <= entry.key_hash)
         );
-        self.filter.push(entry.key_hash);
+        match entry.trusted {
+            false => self.filter.push(entry.key_hash),
+            true => self.trusted.push(entry.key_hash),
+        }
         self.page.push(entry);
         self.entries += 1;
         if self.page.len() == PAGE_ENTRIES {
@@ -96,6 +102,7 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
         }
         self.flush()?;
         let filter = self.filter.finish();
+        let trusted = self.trusted.finish();
         let header = Header {
             generation,
             segment_count: u32::try_from(segments.len()).expect("segments fit u32"),
@@ -103,6 +110,10 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
             entry_count: self.entries,
             filter_len: u32::try_from(filter.encoded_len()).expect("a filter fits u32"),
             filter_kind: FILTER_PARTS,
+            trusted_len: match trusted.is_empty() {
+                true => 0,
+                false => u32::try_from(trusted.encoded_len()).expect("a filter fits u32"),
+            },
         };
         let mut section = SectionWriter {
             sink: &mut self.sink,
@@ -116,18 +127,14 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
             section.put(&segment.covered_len.to_le_bytes())?;
         }
         section.end()?;
-        let mut failed = Ok(());
-        filter.encode(|bytes| {
-            if failed.is_ok() {
-                failed = section.put(bytes);
-            }
-        });
-        failed?;
-        section.end()?;
+        section.put_filter(&filter)?;
         for fence in &self.fences {
             section.put(&fence.to_le_bytes())?;
         }
         section.end()?;
+        if !trusted.is_empty() {
+            section.put_filter(&trusted)?;
+        }
         debug_assert_eq!(section.at, header.file_len());
         let mut first = vec![0u8; PAGE_LEN];
         first[..HEADER_LEN].copy_from_slice(&encode_header(&header));
@@ -137,6 +144,7 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
             Sections {
                 segments: segments.to_vec(),
                 filter,
+                trusted,
                 fences: self.fences,
             },
         )))
@@ -163,6 +171,18 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> SectionWriter<'_, S> {
 
     fn write(&mut self) -> io::Result<()> {
         write_out(self.sink, &mut self.at, &mut self.buffer)
+    }
+
+    /// A whole filter section, ended.
+    fn put_filter(&mut self, filter: &super::FilterParts) -> io::Result<()> {
+        let mut failed = Ok(());
+        filter.encode(|bytes| {
+            if failed.is_ok() {
+                failed = self.put(bytes);
+            }
+        });
+        failed?;
+        self.end()
     }
 
     /// Ends the section with its checksum; the next one starts after it.
@@ -241,6 +261,7 @@ pub(crate) fn encode_header(header: &Header) -> [u8; HEADER_LEN] {
     out[32..40].copy_from_slice(&header.entry_count.to_le_bytes());
     out[40..44].copy_from_slice(&header.filter_len.to_le_bytes());
     out[44] = header.filter_kind;
+    out[48..52].copy_from_slice(&header.trusted_len.to_le_bytes());
     let sum = checksum(&out[..56]);
     out[56..64].copy_from_slice(&sum.to_le_bytes());
     out
@@ -254,7 +275,7 @@ pub(crate) fn encode_page(entries: &[ColdEntry]) -> [u8; PAGE_LEN] {
         let at = i * super::ENTRY_LEN;
         out[at..at + 8].copy_from_slice(&entry.key_hash.to_le_bytes());
         out[at + 8..at + 12].copy_from_slice(&entry.segment.to_le_bytes());
-        out[at + 12..at + 16].copy_from_slice(&entry.offset.to_le_bytes());
+        out[at + 12..at + 16].copy_from_slice(&entry.offset_field().to_le_bytes());
     }
     out[PAGE_COUNT_OFFSET..PAGE_COUNT_OFFSET + 4]
         .copy_from_slice(&(entries.len() as u32).to_le_bytes());

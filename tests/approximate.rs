@@ -1,0 +1,219 @@
+//! Approximate mode (issue 11 item 4, `Policy::approximate`, docs/CONTRACT.md): once a
+//! key of an approximate namespace is cold, `check_and_set` answers `LikelyDuplicate`
+//! from a trusted filter in RAM, and a fresh key is taken for a duplicate at most at
+//! the configured rate. Everything else stays exact: keys in RAM, exact namespaces
+//! beside it (never `LikelyDuplicate`), `get`, the counts, expiry, a reopen, `verify`.
+
+use std::time::Duration;
+
+use idemstore::{
+    APPROXIMATE_RATE_MIN, Durability, Error, ManualClock, Outcome, Policy, Status, Store, UnixMs,
+};
+
+const START_MS: u64 = 1_700_000_000_000;
+const RATE: f64 = 1e-3;
+
+fn open(dir: &std::path::Path, clock: &ManualClock) -> Store {
+    Store::builder(dir)
+        .durability(Durability::None)
+        .bucket_width(Duration::from_secs(60))
+        .shards(4)
+        .clock(clock.clone())
+        .memory_budget(1)
+        .open()
+        .unwrap()
+}
+
+fn ttl() -> Policy {
+    Policy::ttl(Duration::from_secs(3600))
+}
+
+#[test]
+fn cold_keys_of_an_approximate_namespace_answer_likely_duplicate_and_fresh_ones_stay_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock);
+    let approximate = store.namespace("clicks", ttl().approximate(RATE)).unwrap();
+    let exact = store.namespace("orders", ttl()).unwrap();
+    assert_eq!(approximate.policy().false_duplicate_rate(), Some(RATE));
+    assert_eq!(exact.policy().false_duplicate_rate(), None);
+    const KEYS: usize = 20_000;
+    for i in 0..KEYS {
+        assert!(
+            approximate
+                .check_and_set(format!("a-{i}"))
+                .unwrap()
+                .is_first()
+        );
+        assert!(exact.check_and_set(format!("e-{i}")).unwrap().is_first());
+    }
+    // In RAM: exact answers in both.
+    let hot = approximate.check_and_set("a-0").unwrap();
+    assert!(matches!(hot, Outcome::Duplicate(_)), "{hot:?}");
+    store.expire_now().unwrap();
+    let cold = store.stats().cold;
+    assert_eq!(cold.spilled_keys, 2 * KEYS as u64, "{cold:?}");
+    for i in 0..KEYS {
+        assert_eq!(
+            approximate.check_and_set(format!("a-{i}")).unwrap(),
+            Outcome::LikelyDuplicate,
+            "a-{i}"
+        );
+        let again = exact.check_and_set(format!("e-{i}")).unwrap();
+        assert!(matches!(again, Outcome::Duplicate(_)), "e-{i}: {again:?}");
+    }
+    // `get` reads the record: exact.
+    let record = approximate.get("a-7").unwrap().unwrap();
+    assert_eq!(record.status, Status::Seen);
+    // Fresh keys: First, but for at most the configured share.
+    const FRESH: usize = 200_000;
+    let mut false_duplicates = 0;
+    for i in 0..FRESH {
+        match approximate.check_and_set(format!("fresh-{i}")).unwrap() {
+            Outcome::First => {}
+            Outcome::LikelyDuplicate => false_duplicates += 1,
+            other => panic!("fresh-{i}: {other:?}"),
+        }
+        // An exact namespace never answers from a filter alone.
+        assert!(
+            exact
+                .check_and_set(format!("fresh-{i}"))
+                .unwrap()
+                .is_first()
+        );
+    }
+    let rate = false_duplicates as f64 / FRESH as f64;
+    assert!(rate <= RATE, "false-duplicate rate {rate} above {RATE}");
+    let stats = store.stats();
+    assert_eq!(
+        stats.operations.check_and_set_likely_duplicate,
+        (KEYS + false_duplicates) as u64
+    );
+    // A false duplicate writes nothing: the live keys are the ones answered First.
+    assert_eq!(
+        stats.live_keys,
+        (2 * KEYS + 2 * FRESH - false_duplicates) as u64,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn claims_and_removal_are_refused_and_bad_rates_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock);
+    let ns = store.namespace("clicks", ttl().approximate(RATE)).unwrap();
+    assert!(ns.check_and_set("k").unwrap().is_first());
+    for e in [ns.begin("k").unwrap_err(), ns.remove("k").unwrap_err()] {
+        assert!(
+            matches!(&e, Error::InvalidOption { reason } if reason.contains("approximate")),
+            "{e:?}"
+        );
+    }
+    for rate in [0.0, APPROXIMATE_RATE_MIN / 2.0, 1.0, f64::NAN, -1.0] {
+        let e = store
+            .namespace("other", ttl().approximate(rate))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidOption { reason } if reason.contains("false_duplicate_rate")),
+            "{rate}: {e:?}"
+        );
+    }
+    assert!(
+        store
+            .namespace("other", ttl().approximate(APPROXIMATE_RATE_MIN))
+            .is_ok()
+    );
+    // The key written before is untouched.
+    assert!(matches!(
+        ns.check_and_set("k").unwrap(),
+        Outcome::Duplicate(_)
+    ));
+}
+
+/// Expiry: a generation one of whose buckets expired is not trusted (its expired keys
+/// answer `First`, as exact ones do; the merges put the short-lived keys' bucket into a
+/// generation with long-lived ones), and a dropped generation takes its filter with it.
+/// A reopen reuses the generations and their trusted filters; `verify` checks them.
+#[test]
+fn expiry_and_a_reopen_keep_the_answers_and_verify_checks_the_trusted_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock);
+    let ns = store.namespace("clicks", ttl().approximate(RATE)).unwrap();
+    let short = ns.with_ttl(Duration::from_secs(1200)).unwrap();
+    const PER_BUCKET: usize = 2_000;
+    for i in 0..PER_BUCKET {
+        assert!(short.check_and_set(format!("s-{i}")).unwrap().is_first());
+    }
+    store.expire_now().unwrap();
+    // Ten more buckets of long-lived keys, a generation each: merges follow. (A fresh
+    // key may be taken for a duplicate here, about 2^-16 a trusted generation: it is
+    // not written, and not checked below.)
+    let mut written = Vec::new();
+    for b in 0..10 {
+        clock.advance(Duration::from_secs(60));
+        for i in 0..PER_BUCKET {
+            let key = format!("l-{b}-{i}");
+            match ns.check_and_set(&key).unwrap() {
+                Outcome::First => written.push(key),
+                Outcome::LikelyDuplicate => {}
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        store.expire_now().unwrap();
+    }
+    assert!(written.len() >= 10 * PER_BUCKET - 20, "{}", written.len());
+    let cold = store.stats().cold;
+    assert!(cold.merges > 0 && cold.generations <= 8, "{cold:?}");
+    assert_eq!(ns.check_and_set("s-1").unwrap(), Outcome::LikelyDuplicate);
+    store.close().unwrap();
+    let report = idemstore::verify(dir.path()).unwrap();
+    assert!(
+        report.cold_files > 0 && report.problems.is_empty(),
+        "{report:?}"
+    );
+
+    let store = open(dir.path(), &clock);
+    let ns = store.namespace("clicks", ttl().approximate(RATE)).unwrap();
+    assert!(store.stats().cold.reused_at_open > 0);
+    for i in 0..PER_BUCKET {
+        assert_eq!(
+            ns.check_and_set(format!("s-{i}")).unwrap(),
+            Outcome::LikelyDuplicate
+        );
+    }
+    for key in &written {
+        assert_eq!(
+            ns.check_and_set(key).unwrap(),
+            Outcome::LikelyDuplicate,
+            "{key}"
+        );
+    }
+    // The short-lived keys' bucket expires; the long-lived ones' do not.
+    clock.advance(Duration::from_secs(1200));
+    store.expire_now().unwrap();
+    // Their generation holds live buckets too (merged): it must not be trusted. A
+    // fresh key may still meet another generation's false positive (2^-16 each).
+    let mut likely = 0;
+    for i in 0..PER_BUCKET {
+        assert!(ns.get(format!("s-{i}")).unwrap().is_none(), "s-{i}");
+        match ns.check_and_set(format!("s-{i}")).unwrap() {
+            Outcome::First => {}
+            Outcome::LikelyDuplicate => likely += 1,
+            other => panic!("s-{i}: {other:?}"),
+        }
+    }
+    assert!(
+        likely <= PER_BUCKET / 100,
+        "{likely} expired keys answered LikelyDuplicate"
+    );
+    for key in &written {
+        let long = ns.check_and_set(key).unwrap();
+        assert!(
+            matches!(long, Outcome::LikelyDuplicate | Outcome::Duplicate(_)),
+            "{key}: {long:?}"
+        );
+    }
+    store.close().unwrap();
+}
