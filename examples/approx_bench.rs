@@ -82,6 +82,8 @@ fn side(keys: u64, rate: Option<f64>, probes: u64, base: &std::path::Path) {
         }
     }
     let measured = false_duplicates as f64 / probes as f64;
+    // The probes were written (the ones answered First) and spills went on meanwhile.
+    let generations_after = store.stats().cold.generations;
     let name = match rate {
         Some(rate) => format!("approximate, rate {rate:e}"),
         None => "exact".to_string(),
@@ -96,9 +98,10 @@ fn side(keys: u64, rate: Option<f64>, probes: u64, base: &std::path::Path) {
         percentile(&latencies, 0.99),
         match rate {
             Some(rate) => format!(
-                " (configured {rate:e}; {} generations × 2^-16 = {:.2e})",
+                " (configured {rate:e}; {}..{generations_after} generations × 2^-16 = {:.2e}..{:.2e})",
                 cold.generations,
-                cold.generations as f64 / 65536.0
+                cold.generations as f64 / 65536.0,
+                generations_after as f64 / 65536.0
             ),
             None => String::new(),
         }

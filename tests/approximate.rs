@@ -217,3 +217,45 @@ fn expiry_and_a_reopen_keep_the_answers_and_verify_checks_the_trusted_filter() {
     }
     store.close().unwrap();
 }
+
+/// An exact handle of the same namespace may still remove its keys: the removed key's
+/// trusted entry is killed, and the generation stops answering from its trusted filter
+/// (the filter cannot forget), so the approximate handle answers exactly there: `First`
+/// for the removed key.
+#[test]
+fn a_key_removed_through_an_exact_handle_is_never_a_likely_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let store = open(dir.path(), &clock);
+    let approximate = store.namespace("clicks", ttl().approximate(RATE)).unwrap();
+    let exact = store.namespace("clicks", ttl()).unwrap();
+    for i in 0..1_000 {
+        assert!(
+            approximate
+                .check_and_set(format!("k-{i}"))
+                .unwrap()
+                .is_first()
+        );
+    }
+    store.expire_now().unwrap();
+    assert_eq!(
+        approximate.check_and_set("k-1").unwrap(),
+        Outcome::LikelyDuplicate
+    );
+    assert!(exact.remove("k-1").unwrap());
+    assert!(exact.remove("k-3").unwrap());
+    // The tombstones are spilled too: they are not trusted.
+    store.expire_now().unwrap();
+    assert!(approximate.check_and_set("k-1").unwrap().is_first());
+    // The same after a reopen (the state's dead bits do not say which entries were
+    // trusted: a generation with a dead entry is not trusted).
+    store.close().unwrap();
+    let store = open(dir.path(), &clock);
+    let approximate = store.namespace("clicks", ttl().approximate(RATE)).unwrap();
+    assert!(store.stats().cold.reused_at_open > 0);
+    assert!(approximate.check_and_set("k-3").unwrap().is_first());
+    // Its neighbours answer exactly until a merge rewrites the generation.
+    let neighbour = approximate.check_and_set("k-4").unwrap();
+    assert!(matches!(neighbour, Outcome::Duplicate(_)), "{neighbour:?}");
+    store.close().unwrap();
+}

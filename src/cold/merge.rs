@@ -87,52 +87,34 @@ impl ColdTier {
             }
             written => written?,
         };
+        // Published under `publishing` (no spill moves hot entries, no cold state
+        // copies dead bits meanwhile) and every shard's lock: no write is between the
+        // lookup that found its key in `older` or `newer` and its kill there, so their
+        // dead bits are final, and the kills made since the snapshot are carried over
+        // before any lookup can see the merged file.
         let publishing = self.publishing.lock();
-        {
-            let mut generations = self.generations.write();
-            let at = generations.iter().position(|g| Arc::ptr_eq(g, &older));
-            let gone = at.is_none_or(|at| {
-                generations
-                    .get(at + 1)
-                    .is_none_or(|next| !Arc::ptr_eq(next, &newer))
-            });
-            if gone {
-                // An input expired meanwhile (expiry drops whole generations): this
-                // merge is dropped, and the next one chooses again.
-                drop(generations);
-                drop(publishing);
-                if let Some(merged) = merged {
-                    let _ = super::spill::remove_files(
-                        self.vfs.as_ref(),
-                        &self.dir,
-                        std::slice::from_ref(&merged.path),
-                    );
-                }
-                return Ok(());
+        let shards: Vec<_> = index.shards().map(|s| s.lock()).collect();
+        let mut generations = self.generations.write();
+        let at = generations.iter().position(|g| Arc::ptr_eq(g, &older));
+        let gone = at.is_none_or(|at| {
+            generations
+                .get(at + 1)
+                .is_none_or(|next| !Arc::ptr_eq(next, &newer))
+        });
+        if gone {
+            // An input expired meanwhile (expiry drops whole generations): this merge
+            // is dropped, and the next one chooses again.
+            drop((generations, shards, publishing));
+            if let Some(merged) = merged {
+                let _ = super::spill::remove_files(
+                    self.vfs.as_ref(),
+                    &self.dir,
+                    std::slice::from_ref(&merged.path),
+                );
             }
-            let at = at.expect("checked above");
-            generations.remove(at + 1);
-            match &merged {
-                Some(merged) => generations[at] = Arc::clone(merged),
-                None => {
-                    generations.remove(at);
-                }
-            }
-            self.any.store(!generations.is_empty(), Ordering::Release);
+            return Ok(());
         }
-        // Their files go once a cold state without them is written.
-        self.leave(&[Arc::clone(&older), Arc::clone(&newer)]);
-        self.dirty.store(true, Ordering::Relaxed);
         if let Some(merged) = &merged {
-            // A write that found its key in `older` or `newer` kills the entry there,
-            // under the key's shard lock, and maybe after the snapshot above. No
-            // lookup finds those two any more (the swap waited for every lookup
-            // holding the list), so once each shard's lock was taken once, every such
-            // kill is done: carry them over. Until then the killer's hot entry
-            // (written with the kill, under the same lock) shadows the merged entry,
-            // and `publishing` keeps spills (which move hot entries) and cold states
-            // (which copy the dead bits) out.
-            index.wait_for_writers();
             #[cfg(feature = "planted-bugs")]
             let carry = !crate::planted::planted("cold-merge-loses-kills");
             #[cfg(not(feature = "planted-bugs"))]
@@ -142,11 +124,31 @@ impl ColdTier {
                     let now = inputs.generations[from].dead_snapshot();
                     late_kills(&snapshot[from], &now)
                 });
+                // A trusted entry killed late broke its input's trust; which of the
+                // carried kills it was is not known here, so the merged file's trust
+                // breaks too (until its own merge).
+                let broken = inputs
+                    .generations
+                    .iter()
+                    .any(|g| g.trust_broken.load(Ordering::Acquire));
                 for position in placed.merged_positions(&late) {
-                    merged.kill(position);
+                    merged.kill(position, broken);
                 }
             }
         }
+        let at = at.expect("checked above");
+        generations.remove(at + 1);
+        match &merged {
+            Some(merged) => generations[at] = Arc::clone(merged),
+            None => {
+                generations.remove(at);
+            }
+        }
+        self.any.store(!generations.is_empty(), Ordering::Release);
+        drop((generations, shards));
+        // Their files go once a cold state without them is written.
+        self.leave(&[Arc::clone(&older), Arc::clone(&newer)]);
+        self.dirty.store(true, Ordering::Relaxed);
         drop(publishing);
         self.merges.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(

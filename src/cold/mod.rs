@@ -93,6 +93,11 @@ pub(crate) struct Generation {
     /// has a hot entry (but inside a spill, where the hot entry points at the same
     /// record), so a key whose hot entry expires never finds an older state here.
     dead: Box<[AtomicU64]>,
+    /// A trusted entry was killed (only an exact handle's write can do it), or, for a
+    /// generation reused at open, some entry is dead and the state does not say which:
+    /// its trusted filter still holds the killed key, so approximate answers skip the
+    /// generation until a merge rewrites it without its dead entries.
+    trust_broken: AtomicBool,
 }
 
 fn dead_bits(entries: u64) -> Box<[AtomicU64]> {
@@ -152,9 +157,21 @@ impl Generation {
             .collect()
     }
 
-    /// The entry at `position` is no longer its key's newest record.
-    pub(crate) fn kill(&self, position: u64) {
+    /// The entry at `position` (`trusted`: a trusted one) is no longer its key's
+    /// newest record.
+    pub(crate) fn kill(&self, position: u64, trusted: bool) {
+        if trusted {
+            self.trust_broken.store(true, Ordering::Release);
+        }
         self.dead[(position / 64) as usize].fetch_or(1 << (position % 64), Ordering::AcqRel);
+    }
+
+    /// Whether an approximate lookup may answer from its trusted filter at `now_ms`:
+    /// it has one, every bucket it points into is live, and no trusted entry is dead.
+    fn trusted_at(&self, now_ms: u64) -> bool {
+        !self.sections.trusted.is_empty()
+            && self.first_deadline_ms() > now_ms
+            && !self.trust_broken.load(Ordering::Acquire)
     }
 
     /// The earliest bucket deadline any of its entries points into.
@@ -241,6 +258,8 @@ pub(crate) struct ColdHit {
     pub offset: u32,
     /// The entry's position in the generation (`Generation::kill`).
     pub position: u64,
+    /// The entry is trusted (`Generation::kill`).
+    pub trusted: bool,
 }
 
 impl ColdHit {
@@ -368,23 +387,19 @@ impl ColdTier {
         let generations = self.generations.read();
         let mut entries = Vec::new();
         for generation in generations.iter().rev() {
-            let mut best: Option<(crate::addr::Lsn, usize, u32, u64)> = None;
-            self.each_record(
-                generation,
-                hash,
-                &mut entries,
-                |position, row, offset, record| {
-                    if is_key(record) && best.is_none_or(|(lsn, ..)| record.lsn > lsn) {
-                        best = Some((record.lsn, row, offset, position));
-                    }
-                },
-            )?;
-            if let Some((_, row, offset, position)) = best {
+            let mut best: Option<(crate::addr::Lsn, ColdEntry, u64)> = None;
+            self.each_record(generation, hash, &mut entries, |position, entry, record| {
+                if is_key(record) && best.is_none_or(|(lsn, ..)| record.lsn > lsn) {
+                    best = Some((record.lsn, entry, position));
+                }
+            })?;
+            if let Some((_, entry, position)) = best {
                 return Ok(Some(ColdHit {
                     generation: Arc::clone(generation),
-                    row,
-                    offset,
+                    row: entry.segment as usize,
+                    offset: entry.offset,
                     position,
+                    trusted: entry.trusted,
                 }));
             }
         }
@@ -392,20 +407,20 @@ impl ColdTier {
     }
 
     /// Whether the trusted filter of a generation whose buckets are all live at `now_ms`
-    /// holds `hash` (an approximate namespace's answer from RAM: `LikelyDuplicate`). A
-    /// generation with an expired bucket is left to the exact lookup, which drops its
-    /// expired entries.
+    /// and none of whose trusted entries is dead holds `hash` (an approximate
+    /// namespace's answer from RAM: `LikelyDuplicate`). Other generations are left to
+    /// the exact lookup, which skips expired and dead entries.
     pub(crate) fn trusts(&self, hash: KeyHash, now_ms: u64) -> bool {
         #[cfg(feature = "planted-bugs")]
         let now_ms = match crate::planted::planted("approximate-trusts-expired") {
             true => 0,
             false => now_ms,
         };
-        self.generations.read().iter().rev().any(|g| {
-            !g.sections.trusted.is_empty()
-                && g.first_deadline_ms() > now_ms
-                && g.sections.trusted.may_contain(hash.0)
-        })
+        self.generations
+            .read()
+            .iter()
+            .rev()
+            .any(|g| g.trusted_at(now_ms) && g.sections.trusted.holds_for_sure(hash.0))
     }
 
     /// Namespaces whose keys spills mark trusted: `Policy::approximate` opened them.
@@ -413,7 +428,7 @@ impl ColdTier {
         self.trusted_namespaces.write().insert(namespace_id);
     }
 
-    /// Calls `each(position, row, offset, record)` for every live entry of `hash` in
+    /// Calls `each(position, entry, record)` for every live entry of `hash` in
     /// `generation` whose segment is still there, with its record (`entries` is a
     /// buffer). A damaged page (`damaged`) or record is an error naming its file.
     fn each_record(
@@ -421,7 +436,7 @@ impl ColdTier {
         generation: &Generation,
         hash: KeyHash,
         entries: &mut Vec<(u64, ColdEntry)>,
-        mut each: impl FnMut(u64, usize, u32, &StoredRecord<'_>),
+        mut each: impl FnMut(u64, ColdEntry, &StoredRecord<'_>),
     ) -> Result<(), crate::error::Error> {
         entries.clear();
         generation
@@ -435,7 +450,7 @@ impl ColdTier {
             let record = segment.read(entry.offset).map_err(|reason| {
                 crate::error::Error::corruption(&segment.path, u64::from(entry.offset), reason)
             })?;
-            each(position, row, entry.offset, &record);
+            each(position, entry, &record);
         }
         Ok(())
     }
@@ -475,6 +490,9 @@ impl ColdTier {
     /// forgotten (tombstones aside) and the generations dropped (their files are
     /// deleted once a cold state without them is written: `persist`).
     pub(crate) fn expire(&self, index: &Index, now_ms: u64) -> (u64, u64) {
+        // No cold state is taken while this drops segments and generations (one taken
+        // before must not delete the files of generations dropped after it: `leave`).
+        let _publishing = self.publishing.lock();
         let mut expired = Vec::new();
         self.spilled.lock().retain(|_, segment| {
             let live = segment.deadline_ms > now_ms;

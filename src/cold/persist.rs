@@ -251,8 +251,10 @@ impl ColdTier {
 
     /// Writes `COLD_STATE` (temp file, sync, rename, directory sync, with `sync`): at
     /// a clean close right after the checkpoint whose bytes hash to `checkpoint_hash`,
-    /// and while the store runs after a spill, merge or expiry changed the tier (the
-    /// caller holds `working`, or the reaper is paused). What it holds is taken under
+    /// and while the store runs after a spill, merge or expiry changed the tier (under
+    /// `publishing`, which spills, a merge's publication and expiry hold too: the
+    /// files `leave` hands over before the snapshot are the only ones it deletes after
+    /// writing). What it holds is taken under
     /// every shard lock, so the dead bits and the counts agree; then `durable` makes
     /// every record appended so far durable (each kill it holds was made by a record
     /// appended before it, and each covered record a spill did not take was superseded
@@ -487,10 +489,14 @@ impl ColdTier {
                 })
                 .collect();
             let dead = super::dead_bits(loaded.header.entry_count);
+            // Which dead entries were trusted the state does not say: any dead entry
+            // keeps approximate answers off the generation until a merge.
+            let mut any_dead = false;
             if !forget_kills {
                 for (word, bits) in loaded.dead {
                     if let Some(word) = dead.get(word as usize) {
                         word.store(bits, Ordering::Relaxed);
+                        any_dead |= bits != 0;
                     }
                 }
             }
@@ -504,6 +510,7 @@ impl ColdTier {
                 segments,
                 counts,
                 dead,
+                trust_broken: std::sync::atomic::AtomicBool::new(any_dead),
             }));
         }
         drop(spilled);

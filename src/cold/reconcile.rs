@@ -109,29 +109,30 @@ impl ColdTier {
                         record.id.to_vec(),
                     )
                 })?;
-            // Every live cold record of the key: (generation, position, row, lsn, state).
+            // Every live cold record of the key: (generation, position, entry, lsn, state).
             let mut cold = Vec::new();
             for generation in generations {
                 self.each_record(
                     generation,
                     hash,
                     &mut positions,
-                    |position, row, _, record| {
+                    |position, entry, record| {
                         if record.namespace_id == namespace_id
                             && record.placement.partition == partition
                             && record.id == id.as_slice()
                         {
-                            cold.push((generation, position, row, record.lsn, record.state));
+                            cold.push((generation, position, entry, record.lsn, record.state));
                         }
                     },
                 )?;
             }
             let newest = cold.iter().map(|c| c.3).max();
-            for &(generation, position, row, cold_lsn, cold_state) in &cold {
+            for &(generation, position, entry, cold_lsn, cold_state) in &cold {
                 if newest == Some(cold_lsn) && cold_lsn > lsn {
                     continue;
                 }
-                generation.kill(position);
+                let row = entry.segment as usize;
+                generation.kill(position, entry.trusted);
                 let counted = shard.effective_state(cold_state, cold_lsn);
                 if generation.count_sub(row, shard_index, counted) {
                     shard.counts.sub(counted);

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ColdTier, GENERATIONS_LIMIT, GENERATIONS_MAX, Generation, RowCounts, SpilledSegment};
 use crate::addr::Location;
@@ -190,7 +190,9 @@ impl ColdTier {
                         key_hash: hash.0,
                         segment: row as u32,
                         offset: offset as u32 | (StateCounts::index(state) as u32) << STATE_SHIFT,
-                        trusted: trusted.contains(&record.namespace_id),
+                        // Only marks: a claim's or a tombstone's state is not a filter's
+                        // to answer.
+                        trusted: state == State::Seen && trusted.contains(&record.namespace_id),
                     });
                 }
             });
@@ -285,7 +287,7 @@ impl ColdTier {
                 moved += 1;
             } else {
                 // Written again meanwhile: the hot entry is newer.
-                generation.kill(position as u64);
+                generation.kill(position as u64, e.trusted);
             }
         }
         self.spills.fetch_add(1, Ordering::Relaxed);
@@ -376,6 +378,7 @@ impl ColdTier {
             segments,
             counts: counts.into_boxed_slice(),
             dead: super::dead_bits(header.entry_count),
+            trust_broken: AtomicBool::new(false),
         })))
     }
 }

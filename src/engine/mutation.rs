@@ -452,7 +452,7 @@ impl Engine {
                 #[cfg(not(feature = "planted-bugs"))]
                 let kill = true;
                 if kill {
-                    hit.generation.kill(hit.position);
+                    hit.generation.kill(hit.position, hit.trusted);
                 }
                 shard.upsert(hash, None, location);
             } else {

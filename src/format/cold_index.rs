@@ -286,20 +286,18 @@ pub(crate) fn decode_sections(header: &Header, bytes: &[u8]) -> Result<Sections,
         })
         .collect();
     let filter = (header.filter_kind == FILTER_PARTS)
-        .then(|| FilterParts::decode(filter))
+        .then(|| FilterParts::decode(filter, false))
         .flatten()
         .ok_or(ColdError::Invalid(
             "cold index filter does not fit its fingerprints",
         ))?;
     let trusted = match trusted {
         None => FilterParts::empty(),
-        Some(bytes) => {
-            FilterParts::decode(bytes)
-                .filter(|t| !t.is_empty())
-                .ok_or(ColdError::Invalid(
-                    "cold index trusted filter does not fit its fingerprints",
-                ))?
-        }
+        Some(bytes) => FilterParts::decode(bytes, true)
+            .filter(|t| !t.is_empty())
+            .ok_or(ColdError::Invalid(
+                "cold index trusted filter does not fit its fingerprints",
+            ))?,
     };
     let fences: Vec<u64> = fences.chunks_exact(8).map(|f| read_u64(f, 0)).collect();
     if fences.windows(2).any(|w| w[0] > w[1]) {
@@ -525,8 +523,8 @@ pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, ColdError> {
             .map(|e| e.key_hash)
             .collect()
     };
-    if !sections.filter.is_built_from(&hashes(false))
-        || !sections.trusted.is_built_from(&hashes(true))
+    if !sections.filter.is_built_from(&hashes(false), false)
+        || !sections.trusted.is_built_from(&hashes(true), true)
     {
         return Err(ColdError::Invalid(
             "cold index filter is not its entries' filter",

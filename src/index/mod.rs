@@ -318,14 +318,6 @@ impl Index {
         self.shards.iter().map(|shard| &**shard)
     }
 
-    /// Returns once every shard's lock was taken once: whatever a writer did under a
-    /// shard's lock before this call is finished (a grace period).
-    pub(crate) fn wait_for_writers(&self) {
-        for shard in self.shards() {
-            drop(shard.lock());
-        }
-    }
-
     /// Makes room for about `keys` entries in all, spread over the shards (before
     /// replay, so the tables do not grow and rehash while it runs).
     pub(crate) fn reserve(&self, keys: usize) {

@@ -112,10 +112,6 @@ impl ColdFilter {
         }
     }
 
-    fn is_wide(&self) -> bool {
-        matches!(self, ColdFilter::Fuse16(_))
-    }
-
     /// The filter section: nothing for `Everything`; for a fuse filter the descriptor
     /// (u64 seed, u32 segment length, u32 mask, u32 segments' total length) and the
     /// fingerprints.
@@ -223,6 +219,20 @@ impl FilterParts {
         self.parts.is_empty()
     }
 
+    /// For a trusted filter: true only if a part with 16-bit fingerprints says "may
+    /// contain" (a part that holds everything, because its filter could not be built,
+    /// never answers for sure: an approximate lookup falls through to the exact one).
+    #[inline]
+    pub(crate) fn holds_for_sure(&self, key_hash: u64) -> bool {
+        match self.firsts.partition_point(|&first| first <= key_hash) {
+            0 => false,
+            i => match &self.parts[i - 1] {
+                ColdFilter::Fuse16(filter) => filter.contains(&key_hash),
+                ColdFilter::Everything | ColdFilter::Fuse(_) => false,
+            },
+        }
+    }
+
     /// False: `key_hash` is not in the generation. True: it may be.
     #[inline]
     pub(crate) fn may_contain(&self, key_hash: u64) -> bool {
@@ -266,7 +276,7 @@ impl FilterParts {
     /// Whether these are the parts `sorted` hashes make, split where these split (a
     /// whole-file check: a filter that misses an entry would take a duplicate for a
     /// fresh key, whatever its checksum says).
-    pub(crate) fn is_built_from(&self, sorted: &[u64]) -> bool {
+    pub(crate) fn is_built_from(&self, sorted: &[u64], wide: bool) -> bool {
         if sorted.first() != self.firsts.first() {
             return false;
         }
@@ -276,7 +286,7 @@ impl FilterParts {
                 .firsts
                 .get(i + 1)
                 .map_or(rest.len(), |&next| rest.partition_point(|&h| h < next));
-            let rebuilt = ColdFilter::build(&rest[..end], part.is_wide());
+            let rebuilt = ColdFilter::build(&rest[..end], wide);
             if rest.first() != Some(&self.firsts[i]) || rebuilt != *part {
                 return false;
             }
@@ -285,9 +295,11 @@ impl FilterParts {
         rest.is_empty()
     }
 
-    /// The parts from their section; `None` unless every part decodes, the first
-    /// hashes ascend strictly and the section ends with the last part.
-    pub(crate) fn decode(bytes: &[u8]) -> Option<FilterParts> {
+    /// The parts from their section; `None` unless every part decodes, is of a kind
+    /// the section may hold (`wide`: the trusted filter's, 16-bit fingerprints or
+    /// none; otherwise 8-bit or none), the first hashes ascend strictly and the section
+    /// ends with the last part.
+    pub(crate) fn decode(bytes: &[u8], wide: bool) -> Option<FilterParts> {
         if bytes.len() < 4 {
             return None;
         }
@@ -305,6 +317,9 @@ impl FilterParts {
             }
             at += PART_HEADER_LEN;
             let body = bytes.get(at..at.checked_add(len)?)?;
+            if kind != 0 && (kind == 2) != wide {
+                return None;
+            }
             parts.push(ColdFilter::decode(kind, body)?);
             firsts.push(first);
             at += len;
