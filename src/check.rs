@@ -249,7 +249,7 @@ fn verify_cold_file(vfs: &dyn Vfs, path: &Path, report: &mut VerifyReport) -> Re
         );
         if let Err(e) = decoded {
             report.problem(path, at, format!("{}{REBUILT}", e.reason()));
-        } else if entries.iter().any(|e| match e.trusted {
+        } else if entries.iter().any(|e| match e.trusted() {
             false => !sections.filter.may_contain(e.key_hash),
             true => !sections.trusted.may_contain(e.key_hash),
         }) {

@@ -269,9 +269,9 @@ pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
         entries: decoded
             .entries
             .iter()
-            .map(|e| (e.key_hash, e.segment, e.offset_field()))
+            .map(|e| (e.key_hash, e.segment, e.field))
             .collect(),
-        filter_holds_every_entry: decoded.entries.iter().all(|e| match e.trusted {
+        filter_holds_every_entry: decoded.entries.iter().all(|e| match e.trusted() {
             false => sections.filter.may_contain(e.key_hash),
             true => sections.trusted.may_contain(e.key_hash),
         }),

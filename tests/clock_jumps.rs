@@ -79,8 +79,10 @@ fn a_clock_stepping_back_never_expires_a_key_early() {
     assert_duplicate(ns.check_and_set("k").unwrap(), T0, expires_at);
     clock.set(UnixMs(expires_at));
     assert!(ns.get("k").unwrap().is_none());
+    // The background reaper may take them first (its round reads the same clock).
+    store.expire_now().unwrap();
     assert_eq!(
-        store.expire_now().unwrap(),
+        store.stats().expired_keys,
         2,
         "k and stamped expire together"
     );

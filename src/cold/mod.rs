@@ -397,9 +397,9 @@ impl ColdTier {
                 return Ok(Some(ColdHit {
                     generation: Arc::clone(generation),
                     row: entry.segment as usize,
-                    offset: entry.offset,
+                    offset: entry.offset(),
                     position,
-                    trusted: entry.trusted,
+                    trusted: entry.trusted(),
                 }));
             }
         }
@@ -447,8 +447,8 @@ impl ColdTier {
             let Some(segment) = &generation.segments[row] else {
                 continue;
             };
-            let record = segment.read(entry.offset).map_err(|reason| {
-                crate::error::Error::corruption(&segment.path, u64::from(entry.offset), reason)
+            let record = segment.read(entry.offset()).map_err(|reason| {
+                crate::error::Error::corruption(&segment.path, u64::from(entry.offset()), reason)
             })?;
             each(position, entry, &record);
         }

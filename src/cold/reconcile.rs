@@ -132,7 +132,7 @@ impl ColdTier {
                     continue;
                 }
                 let row = entry.segment as usize;
-                generation.kill(position, entry.trusted);
+                generation.kill(position, entry.trusted());
                 let counted = shard.effective_state(cold_state, cold_lsn);
                 if generation.count_sub(row, shard_index, counted) {
                     shard.counts.sub(counted);

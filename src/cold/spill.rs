@@ -25,11 +25,17 @@ pub(crate) struct SpillReport {
     pub merges: u64,
 }
 
-/// While a spill collects entries, the state of the key's record rides in the offset's
-/// top byte (offsets are below 2^24: segments are at most 16 MiB), so one 16-byte
-/// entry per key is all it holds besides the file it writes.
+/// While a spill collects entries, the state of the key's record rides in bits 24..27
+/// of the offset field (offsets are below 2^24: segments are at most 16 MiB; bit 31 is
+/// the trusted flag), so one 16-byte entry per key is all it holds besides the file
+/// it writes.
 const STATE_SHIFT: u32 = 24;
+const STATE_MASK: u32 = 0x7;
 const _: () = assert!(crate::limits::SEGMENT_SIZE_BYTES_MAX <= 1 << STATE_SHIFT);
+const _: () = assert!(
+    (STATE_MASK << STATE_SHIFT) & cold_index::TRUSTED_BIT == 0
+        && crate::format::record::State::ALL.len() <= 8
+);
 
 impl ColdTier {
     /// Spills the oldest buckets not spilled yet (deadline order) while the hot tables
@@ -186,14 +192,14 @@ impl ColdTier {
                 let shard = index.lock(hash);
                 if shard.find(hash, |at| at == location).is_some() {
                     let state = shard.effective_state(record.state, record.lsn);
-                    entries.push(ColdEntry {
-                        key_hash: hash.0,
-                        segment: row as u32,
-                        offset: offset as u32 | (StateCounts::index(state) as u32) << STATE_SHIFT,
-                        // Only marks: a claim's or a tombstone's state is not a filter's
-                        // to answer.
-                        trusted: state == State::Seen && trusted.contains(&record.namespace_id),
-                    });
+                    // Only marks: a claim's or a tombstone's state is not a filter's to
+                    // answer.
+                    let trusted = !trusted.is_empty()
+                        && state == State::Seen
+                        && trusted.contains(&record.namespace_id);
+                    let mut entry = ColdEntry::new(hash.0, row as u32, offset as u32, trusted);
+                    entry.field |= (StateCounts::index(state) as u32) << STATE_SHIFT;
+                    entries.push(entry);
                 }
             });
         }
@@ -243,8 +249,8 @@ impl ColdTier {
         let states: Vec<u8> = entries
             .iter_mut()
             .map(|e| {
-                let state = (e.offset >> STATE_SHIFT) as u8;
-                e.offset &= (1 << STATE_SHIFT) - 1;
+                let state = ((e.field >> STATE_SHIFT) & STATE_MASK) as u8;
+                e.field &= !(STATE_MASK << STATE_SHIFT);
                 state
             })
             .collect();
@@ -277,7 +283,7 @@ impl ColdTier {
         for (position, (e, &state)) in entries.iter().zip(&states).enumerate() {
             let location = Location {
                 slot: segments[e.segment as usize].0.slot,
-                offset: e.offset,
+                offset: e.offset(),
             };
             let hash = KeyHash(e.key_hash);
             let mut shard = index.lock(hash);
@@ -287,7 +293,7 @@ impl ColdTier {
                 moved += 1;
             } else {
                 // Written again meanwhile: the hot entry is newer.
-                generation.kill(position as u64, e.trusted);
+                generation.kill(position as u64, e.trusted());
             }
         }
         self.spills.fetch_add(1, Ordering::Relaxed);

@@ -75,40 +75,55 @@ const _: () = assert!(PAGE_ENTRIES * ENTRY_LEN <= PAGE_COUNT_OFFSET);
 pub(crate) const SEGMENT_LEN: usize = 24;
 pub(crate) const CHECKSUM_LEN: usize = 8;
 
-/// One index entry: where the record of a key with this hash lives.
+/// One index entry: where the record of a key with this hash lives. 16 bytes, as in
+/// the file (a spill collects a bucket's entries in RAM before writing them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct ColdEntry {
     pub key_hash: u64,
     /// A position in the file's segment table.
     pub segment: u32,
-    /// Below 2^24 (segments are at most 16 MiB).
-    pub offset: u32,
-    /// The key's namespace was approximate when the entry was spilled: its hash is in
-    /// the trusted filter, not the exact one (the offset's top bit in the file).
-    pub trusted: bool,
+    /// The offset field as a page holds it: the record's offset in bits 0..24
+    /// (segments are at most 16 MiB) and [`TRUSTED_BIT`].
+    pub field: u32,
 }
+const _: () = assert!(std::mem::size_of::<ColdEntry>() == 16);
 
-/// The offset field's top bit: the entry is trusted.
-const TRUSTED_BIT: u32 = 1 << 31;
+/// The offset field's top bit: the key's namespace was approximate when the entry was
+/// spilled, and its hash is in the trusted filter, not the exact one.
+pub(crate) const TRUSTED_BIT: u32 = 1 << 31;
 /// The offset field's bits a record offset may use.
-const OFFSET_MASK: u32 = (1 << 24) - 1;
+pub(crate) const OFFSET_MASK: u32 = (1 << 24) - 1;
 
 impl ColdEntry {
+    pub(crate) fn new(key_hash: u64, segment: u32, offset: u32, trusted: bool) -> ColdEntry {
+        debug_assert!(offset <= OFFSET_MASK);
+        ColdEntry {
+            key_hash,
+            segment,
+            field: offset | if trusted { TRUSTED_BIT } else { 0 },
+        }
+    }
+
     /// From a page's segment and offset fields; `None` if the offset field uses bits
     /// neither an offset nor the trusted flag may.
     pub(crate) fn decode(key_hash: u64, segment: u32, field: u32) -> Option<ColdEntry> {
         (field & !(TRUSTED_BIT | OFFSET_MASK) == 0).then_some(ColdEntry {
             key_hash,
             segment,
-            offset: field & OFFSET_MASK,
-            trusted: field & TRUSTED_BIT != 0,
+            field,
         })
     }
 
-    /// The offset field as a page holds it.
-    pub(crate) fn offset_field(&self) -> u32 {
-        debug_assert!(self.offset <= OFFSET_MASK);
-        self.offset | if self.trusted { TRUSTED_BIT } else { 0 }
+    /// The record's offset in its segment.
+    #[inline]
+    pub(crate) fn offset(&self) -> u32 {
+        self.field & OFFSET_MASK
+    }
+
+    /// The entry is trusted (`Policy::approximate`).
+    #[inline]
+    pub(crate) fn trusted(&self) -> bool {
+        self.field & TRUSTED_BIT != 0
     }
 }
 
@@ -519,7 +534,7 @@ pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, ColdError> {
     let hashes = |trusted: bool| -> Vec<u64> {
         entries
             .iter()
-            .filter(|e| e.trusted == trusted)
+            .filter(|e| e.trusted() == trusted)
             .map(|e| e.key_hash)
             .collect()
     };

@@ -4,11 +4,13 @@ use super::*;
 
 fn entries(n: usize, seed: u64) -> Vec<ColdEntry> {
     let mut out: Vec<ColdEntry> = (0..n as u64)
-        .map(|i| ColdEntry {
-            key_hash: xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), seed),
-            segment: (i % 3) as u32,
-            offset: 64 + (i as u32) * 40,
-            trusted: i % 5 == 0,
+        .map(|i| {
+            ColdEntry::new(
+                xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), seed),
+                (i % 3) as u32,
+                64 + (i as u32) * 40,
+                i % 5 == 0,
+            )
         })
         .collect();
     out.sort();
@@ -133,7 +135,7 @@ fn equal_hashes_across_a_page_boundary_are_all_found() {
     let mut written = entries(600, 2);
     for (i, entry) in written.iter_mut().enumerate().skip(100).take(300) {
         entry.key_hash = 1 << 40;
-        entry.offset = i as u32;
+        entry.field = i as u32;
     }
     written.sort();
     let bytes = encode(1, &SEGMENTS, &written);
@@ -286,7 +288,7 @@ fn the_in_place_page_search_finds_what_the_decoding_find_finds() {
     let mut written = entries(2_000, 3);
     for (i, entry) in written.iter_mut().enumerate().skip(500).take(300) {
         entry.key_hash = 1 << 41;
-        entry.offset = i as u32;
+        entry.field = i as u32;
     }
     written.sort();
     let bytes = encode(1, &SEGMENTS, &written);

@@ -57,7 +57,7 @@ impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
                 .last()
                 .is_none_or(|l| l.key_hash <= entry.key_hash)
         );
-        match entry.trusted {
+        match entry.trusted() {
             false => self.filter.push(entry.key_hash),
             true => self.trusted.push(entry.key_hash),
         }
@@ -275,7 +275,7 @@ pub(crate) fn encode_page(entries: &[ColdEntry]) -> [u8; PAGE_LEN] {
         let at = i * super::ENTRY_LEN;
         out[at..at + 8].copy_from_slice(&entry.key_hash.to_le_bytes());
         out[at + 8..at + 12].copy_from_slice(&entry.segment.to_le_bytes());
-        out[at + 12..at + 16].copy_from_slice(&entry.offset_field().to_le_bytes());
+        out[at + 12..at + 16].copy_from_slice(&entry.field.to_le_bytes());
     }
     out[PAGE_COUNT_OFFSET..PAGE_COUNT_OFFSET + 4]
         .copy_from_slice(&(entries.len() as u32).to_le_bytes());
