@@ -34,10 +34,14 @@ impl ColdTier {
             return Ok(0);
         }
         let generations: Vec<Arc<Generation>> = self.generations.read().clone();
-        // Shards are independent (a key lives in one): spread them over the cores.
+        // Shards are independent (a key lives in one): spread them over threads, more
+        // than the cores, since a filter hit waits for a page from the disk when the
+        // page cache does not hold the generations (after a crash at 500M keys, 2
+        // threads took 4.2 s for 1.8M keys with the page cache dropped).
         let next_shard = AtomicUsize::new(0);
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
+            .saturating_mul(4)
             .min(index.shard_count());
         let results: Vec<Result<(u64, u64, u64), Error>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)

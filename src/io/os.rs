@@ -80,7 +80,14 @@ impl Vfs for OsVfs {
 
     fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        OsSegmentFile::map(file).map(|s| Arc::new(s) as Arc<dyn SegmentFile>)
+        let mapped = OsSegmentFile::map(file)?;
+        // An open reads the first page of every file it surveys (a header), and from
+        // a cold page cache the fault on it would read ahead the device's whole window
+        // around it (8 MiB here: 1,474 segment files after a crash at 500M keys took
+        // 4.8 s): that page alone is read. The rest of the map keeps the default.
+        let page = page_size().min(mapped.capacity / page_size() * page_size());
+        mapped.advise(0, page, libc::MADV_RANDOM);
+        Ok(Arc::new(mapped) as Arc<dyn SegmentFile>)
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -194,8 +201,9 @@ impl OsSegmentFile {
         }
         debug_assert!(start.is_multiple_of(page_size()) && end <= self.capacity);
         // SAFETY: start..end lies inside the mapping (end <= capacity, the mapping's
-        // length) and start is page-aligned. The two advices used keep the file's
-        // bytes as they are (see `prefault` and `unmap_pages`).
+        // length) and start is page-aligned. The advices used keep the file's bytes as
+        // they are (see `prefault` and `unmap_pages`; `MADV_RANDOM` only turns read-
+        // ahead off for the range).
         let rc = unsafe {
             libc::madvise(
                 map.as_mut_ptr().add(start as usize).cast(),
