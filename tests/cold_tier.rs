@@ -703,11 +703,25 @@ fn a_cold_state_never_holds_a_kill_whose_record_a_power_cut_can_lose() {
     store.flush().unwrap();
     store.expire_now().unwrap();
     assert_eq!(store.stats().cold.spilled_keys, 1);
+    // The hook fires on this thread only, inside a spill of its own `expire_now`: a
+    // spill by the background reaper (every second) fires nothing, so no later
+    // `flush` here can make the claim durable behind the test's back.
     let fired = Arc::new(AtomicBool::new(false));
+    let armed = Arc::new(AtomicBool::new(false));
     {
-        let (store, fired, policy) = (Arc::clone(&store), Arc::clone(&fired), policy);
+        let (store, fired, armed, policy) = (
+            Arc::clone(&store),
+            Arc::clone(&fired),
+            Arc::clone(&armed),
+            policy,
+        );
+        let test_thread = std::thread::current().id();
         vfs.before_rename(move |to| {
-            if to.extension().is_none_or(|e| e != "cold") || fired.swap(true, Ordering::SeqCst) {
+            if to.extension().is_none_or(|e| e != "cold")
+                || std::thread::current().id() != test_thread
+                || !armed.load(Ordering::SeqCst)
+                || fired.swap(true, Ordering::SeqCst)
+            {
                 return;
             }
             let jobs = store.namespace("jobs", policy).unwrap();
@@ -720,12 +734,26 @@ fn a_cold_state_never_holds_a_kill_whose_record_a_power_cut_can_lose() {
     let orders = store
         .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
         .unwrap();
-    assert!(orders.check_and_set("fresh").unwrap().is_first());
-    // Durable before the spill that walks it: otherwise the power cut shortens its
-    // segment below the state's covered length, the open refuses the state and
-    // replays the whole log, and the test cannot see the state's kill.
-    store.flush().unwrap();
-    store.expire_now().unwrap();
+    // The reaper may spill the fresh key first (then this spill renames nothing):
+    // another fresh key, until this thread's spill fires the hook.
+    for attempt in 0..100 {
+        if fired.load(Ordering::SeqCst) {
+            break;
+        }
+        assert!(
+            orders
+                .check_and_set(format!("fresh-{attempt}"))
+                .unwrap()
+                .is_first()
+        );
+        // Durable before the spill that walks it: otherwise the power cut shortens its
+        // segment below the state's covered length, the open refuses the state and
+        // replays the whole log, and the test cannot see the state's kill.
+        store.flush().unwrap();
+        armed.store(true, Ordering::SeqCst);
+        store.expire_now().unwrap();
+        armed.store(false, Ordering::SeqCst);
+    }
     vfs.before_rename(|_| {});
     assert!(fired.load(Ordering::SeqCst), "no spill renamed its file");
     for seed in 0..4 {
