@@ -18,24 +18,16 @@ impl ColdTier {
     /// one that takes the newer's place (and a new number, above every other): dead
     /// entries and entries of expired buckets are dropped, equal hashes all kept (a
     /// lookup resolves them by lsn). The counters of each segment row go with it.
+    /// Generations with a damaged page are never chosen. False: no pair to merge.
     pub(super) fn merge_smallest_pair(
         &self,
         log: &Log,
         index: &Index,
         now_ms: u64,
         sync: bool,
-    ) -> Result<(), Error> {
-        let (older, newer) = {
-            let generations = self.generations.read();
-            let Some(at) = (0..generations.len().saturating_sub(1))
-                .min_by_key(|&i| generations[i].entry_count() + generations[i + 1].entry_count())
-            else {
-                return Ok(());
-            };
-            (
-                Arc::clone(&generations[at]),
-                Arc::clone(&generations[at + 1]),
-            )
+    ) -> Result<bool, Error> {
+        let Some((older, newer)) = self.smallest_pair() else {
+            return Ok(false);
         };
         let mut rows: Vec<ColdSegment> = Vec::new();
         let mut segments = Vec::new();
@@ -65,6 +57,7 @@ impl ColdTier {
         // without reading the inputs again.
         let snapshot = [older.dead_snapshot(), newer.dead_snapshot()];
         let inputs = Inputs {
+            tier: self,
             generations: [&older, &newer],
             remaps: &remaps,
             dead: &snapshot,
@@ -83,7 +76,7 @@ impl ColdTier {
         let merged = match written {
             Err(Error::Closed) if self.stopping.load(Ordering::Relaxed) => {
                 // The store is closing: the temp file is gone, the inputs stay.
-                return Ok(());
+                return Ok(true);
             }
             written => written?,
         };
@@ -112,7 +105,7 @@ impl ColdTier {
                     std::slice::from_ref(&merged.path),
                 );
             }
-            return Ok(());
+            return Ok(true);
         }
         if let Some(merged) = &merged {
             #[cfg(feature = "planted-bugs")]
@@ -158,7 +151,18 @@ impl ColdTier {
             entries = merged.as_ref().map_or(0, |m| m.entry_count()),
             "merged two cold generations"
         );
-        Ok(())
+        Ok(true)
+    }
+
+    /// The two adjacent generations with the fewest entries between them, neither
+    /// with a damaged page.
+    pub(super) fn smallest_pair(&self) -> Option<(Arc<Generation>, Arc<Generation>)> {
+        let generations = self.generations.read();
+        generations
+            .windows(2)
+            .filter(|pair| pair.iter().all(|g| !g.damaged.load(Ordering::Acquire)))
+            .min_by_key(|pair| pair[0].entry_count() + pair[1].entry_count())
+            .map(|pair| (Arc::clone(&pair[0]), Arc::clone(&pair[1])))
     }
 }
 
@@ -256,6 +260,8 @@ impl Placement {
 
 /// The two generations of a merge, what their rows become, and which entries to skip.
 struct Inputs<'a> {
+    /// For a damaged page: `ColdTier::damaged`.
+    tier: &'a ColdTier,
     generations: [&'a Generation; 2],
     remaps: &'a [Vec<Option<u32>>; 2],
     dead: &'a [Box<[u64]>; 2],
@@ -270,6 +276,7 @@ impl Inputs<'_> {
         mut out: impl FnMut((usize, u64), ColdEntry) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let mut cursors = [0, 1].map(|i| Cursor {
+            tier: self.tier,
             generation: self.generations[i],
             remap: &self.remaps[i],
             dead: &self.dead[i],
@@ -294,6 +301,7 @@ impl Inputs<'_> {
 
 /// Reads one generation's kept entries in order, a page at a time.
 struct Cursor<'a> {
+    tier: &'a ColdTier,
     generation: &'a Generation,
     remap: &'a [Option<u32>],
     dead: &'a [u64],
@@ -313,8 +321,8 @@ impl Cursor<'_> {
                 }
                 let at = generation.header.page_offset(self.page);
                 if at + cold_index::PAGE_LEN as u64 > generation.file.capacity() {
-                    return Err(Error::corruption(
-                        &generation.path,
+                    return Err(self.tier.damaged(
+                        generation,
                         at,
                         "cold index page beyond the file",
                     ));
@@ -327,7 +335,7 @@ impl Cursor<'_> {
                     generation.file.read(at, cold_index::PAGE_LEN),
                     &mut self.entries,
                 )
-                .map_err(|e| Error::corruption(&generation.path, at, e.reason()))?;
+                .map_err(|e| self.tier.damaged(generation, at, e.reason()))?;
                 self.page += 1;
                 self.next = 0;
                 continue;

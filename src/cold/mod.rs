@@ -98,6 +98,10 @@ pub(crate) struct Generation {
     /// its trusted filter still holds the killed key, so approximate answers skip the
     /// generation until a merge rewrites it without its dead entries.
     trust_broken: AtomicBool,
+    /// A lookup or a merge met a damaged page here: merges leave the file alone (it
+    /// would fail them all), its lookups keep failing on that page, and the next open
+    /// rebuilds the tier from the log.
+    damaged: AtomicBool,
 }
 
 fn dead_bits(entries: u64) -> Box<[AtomicU64]> {
@@ -455,10 +459,10 @@ impl ColdTier {
         Ok(())
     }
 
-    /// A lookup met a damaged page at `at` of `generation`: the error for its caller
-    /// (never an answer). The first one removes `COLD_STATE` (and no state is written
-    /// after it), so that the next open deletes the generation files and rebuilds the
-    /// index from the log.
+    /// A lookup or a merge met a damaged page at `at` of `generation`: the error for
+    /// its caller (never an answer). Merges leave the generation alone from now on. The
+    /// first one removes `COLD_STATE` (and no state is written after it), so that the
+    /// next open deletes the generation files and rebuilds the index from the log.
     #[cold]
     pub(crate) fn damaged(
         &self,
@@ -466,6 +470,7 @@ impl ColdTier {
         at: u64,
         reason: &'static str,
     ) -> crate::error::Error {
+        generation.damaged.store(true, Ordering::Release);
         if self.damaged_pages.fetch_add(1, Ordering::AcqRel) == 0 {
             tracing::error!(file = %generation.path.display(), offset = at, reason, "a damaged cold index page: its lookups fail until the next open rebuilds the index from the log");
             let path = self.dir.join(crate::layout::COLD_STATE);

@@ -511,6 +511,7 @@ impl ColdTier {
                 counts,
                 dead,
                 trust_broken: std::sync::atomic::AtomicBool::new(any_dead),
+                damaged: std::sync::atomic::AtomicBool::new(false),
             }));
         }
         drop(spilled);

@@ -69,15 +69,14 @@ impl ColdTier {
             if self.hot_and_cold_bytes(index) <= budget {
                 break;
             }
-            if self.generations.read().len() >= GENERATIONS_LIMIT {
-                if !merge {
-                    // The merger is behind: the next round spills again.
-                    tracing::debug!(
-                        "spills wait for a merge: {GENERATIONS_LIMIT} cold generations"
-                    );
-                    break;
-                }
+            if self.generations.read().len() >= GENERATIONS_LIMIT && merge {
                 report.merges += self.merge_down(log, index, now_ms, sync, durable)?;
+            }
+            if self.generations.read().len() >= GENERATIONS_LIMIT {
+                // The merger is behind (or only damaged generations are left to
+                // merge): the next round spills again.
+                tracing::debug!("spills wait for a merge: {GENERATIONS_LIMIT} cold generations");
+                break;
             }
             let segments: Vec<(Arc<Segment>, u64, u64)> = {
                 let spilled = self.spilled.lock();
@@ -107,7 +106,7 @@ impl ColdTier {
         self.persist(index, durable, sync)?;
         if merge {
             report.merges += self.merge_down(log, index, now_ms, sync, durable)?;
-        } else if self.generations.read().len() > GENERATIONS_MAX {
+        } else if self.needs_merge() {
             self.merge_wake.notify_all();
         }
         if report.buckets + report.merges > 0 {
@@ -128,22 +127,27 @@ impl ColdTier {
     ) -> Result<u64, Error> {
         let stopped = self.merging.lock();
         let mut merges = 0;
-        while !*stopped
-            && !self.stopping.load(Ordering::Relaxed)
-            && self.generations.read().len() > GENERATIONS_MAX
-        {
-            self.merge_smallest_pair(log, index, now_ms, sync)?;
+        while !*stopped && !self.stopping.load(Ordering::Relaxed) && self.needs_merge() {
+            if !self.merge_smallest_pair(log, index, now_ms, sync)? {
+                break;
+            }
             merges += 1;
             self.persist(index, durable, sync)?;
         }
         Ok(merges)
     }
 
+    /// More than `GENERATIONS_MAX` generations, and two adjacent ones without a
+    /// damaged page to merge.
+    fn needs_merge(&self) -> bool {
+        self.generations.read().len() > GENERATIONS_MAX && self.smallest_pair().is_some()
+    }
+
     /// The merger thread's wait: until a spill leaves more than `GENERATIONS_MAX`
     /// generations, or `period`. False once the store closes.
     pub(crate) fn wait_for_merges(&self, period: std::time::Duration) -> bool {
         let mut stopped = self.merging.lock();
-        if !*stopped && self.generations.read().len() <= GENERATIONS_MAX {
+        if !*stopped && !self.needs_merge() {
             self.merge_wake.wait_for(&mut stopped, period);
         }
         !*stopped
@@ -385,6 +389,7 @@ impl ColdTier {
             counts: counts.into_boxed_slice(),
             dead: super::dead_bits(header.entry_count),
             trust_broken: AtomicBool::new(false),
+            damaged: AtomicBool::new(false),
         })))
     }
 }
