@@ -273,7 +273,7 @@ fn a_key_removed_through_an_exact_handle_is_never_a_likely_duplicate() {
             other => panic!("{key}: {other:?}"),
         }
     }
-    let [one, three, four] = [1, 3, 4].map(|i| written[i].clone());
+    let [one, three] = [1, 3].map(|i| written[i].clone());
     store.expire_now().unwrap();
     assert_eq!(
         approximate.check_and_set(&one).unwrap(),
@@ -291,8 +291,17 @@ fn a_key_removed_through_an_exact_handle_is_never_a_likely_duplicate() {
     let approximate = store.namespace("clicks", ttl().approximate(RATE)).unwrap();
     assert!(store.stats().cold.reused_at_open > 0);
     assert!(approximate.check_and_set(&three).unwrap().is_first());
-    // Its neighbours answer exactly until a merge rewrites the generation.
-    let neighbour = approximate.check_and_set(&four).unwrap();
-    assert!(matches!(neighbour, Outcome::Duplicate(_)), "{neighbour:?}");
+    // Their neighbours answer exactly until a merge rewrites the generation. (Which
+    // keys share it depends on where a reaper round split the writes: some do.)
+    let exactly = written
+        .iter()
+        .filter(|k| **k != one && **k != three)
+        .map(|k| approximate.check_and_set(k).unwrap())
+        .filter(|answer| matches!(answer, Outcome::Duplicate(_)))
+        .count();
+    assert!(
+        exactly > 0,
+        "every key of a generation with a killed entry answered from its filter"
+    );
     store.close().unwrap();
 }
