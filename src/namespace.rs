@@ -299,7 +299,9 @@ impl Namespace {
     }
 
     /// `First` if `id` was not seen within its retention (and marks it), else
-    /// `Duplicate`. The drop-in for Redis `SET key 1 NX EX ttl`.
+    /// `Duplicate`. The drop-in for Redis `SET key 1 NX EX ttl`. A namespace opened
+    /// with `Policy::approximate` may also answer `LikelyDuplicate` for a key that is
+    /// not in RAM (a filter hit, not verified: `docs/CONTRACT.md` §2.2).
     pub fn check_and_set(&self, id: impl AsRef<[u8]>) -> Result<Outcome, Error> {
         let started = operations::start_timer();
         let outcome = self.inner.check_and_set(self.scope(), id.as_ref(), None);
@@ -314,7 +316,8 @@ impl Namespace {
     }
 
     /// Starts processing `id`: acquires a claim unless the key is done, held by a live
-    /// lease, or exhausted.
+    /// lease, or exhausted. `Error::InvalidOption` on a namespace opened with
+    /// `Policy::approximate` (claims need exact answers).
     pub fn begin(&self, id: impl AsRef<[u8]>) -> Result<Begin, Error> {
         let started = operations::start_timer();
         let answer = self.begin_scoped(id.as_ref(), None, None);
@@ -337,7 +340,8 @@ impl Namespace {
         self.inner.get(self.scope(), id.as_ref())
     }
 
-    /// Forgets `id`; `true` if it was remembered.
+    /// Forgets `id`; `true` if it was remembered. `Error::InvalidOption` on a
+    /// namespace opened with `Policy::approximate` (a filter cannot forget a key).
     pub fn remove(&self, id: impl AsRef<[u8]>) -> Result<bool, Error> {
         self.inner.remove(self.scope(), id.as_ref())
     }

@@ -42,7 +42,8 @@ impl Policy {
     /// (16 × 2^-16 ≈ 2.4e-4) and below 1. Keys in RAM still answer exactly; `get`,
     /// `scan` and `export` stay exact; claims (`begin`) and `remove` are refused, since
     /// a filter cannot forget a key. A trusted filter costs about 2.3 bytes a key in RAM
-    /// (the exact tier's costs 1.1, plus a page read on a hit).
+    /// (the exact tier's filter costs 1.1, about 1.3 with its fences and dead bits,
+    /// plus a page read on a hit).
     pub fn approximate(self, false_duplicate_rate: f64) -> Policy {
         Policy {
             approximate: Some(false_duplicate_rate.to_bits()),

@@ -81,13 +81,13 @@ pub struct ColdTierStats {
     /// Index entries in them (keys since rewritten, whose newer entry is hot or in a
     /// newer generation, included until a merge or expiry drops them).
     pub entries: u64,
-    /// RAM the generations keep: filters, page fences, segment tables.
+    /// RAM the generations keep: filters, page fences, segment tables, dead bits.
     pub ram_bytes: u64,
     /// Bytes of generation files on disk.
     pub disk_bytes: u64,
     /// Buckets spilled since open.
     pub spills: u64,
-    /// Generations merged since open.
+    /// Merges since open (each merges two adjacent generations into one).
     pub merges: u64,
     /// Index entries moved out of the hot tables since open.
     pub spilled_keys: u64,
@@ -98,9 +98,10 @@ pub struct ColdTierStats {
     /// damaged or missing file: deleted, and their keys rebuilt from the log by the
     /// replay.
     pub rebuilt_at_open: u64,
-    /// Damaged generation pages lookups met since open (each an `Error::Corruption`
-    /// for the call that met it, never an answer). The first one removes `COLD_STATE`,
-    /// so that the next open rebuilds the tier from the log.
+    /// Damaged generation pages lookups and merges met since open (for a lookup, an
+    /// `Error::Corruption` for the call that met it, never an answer; a merge fails and
+    /// its generation is left out of later merges). The first one removes
+    /// `COLD_STATE`, so that the next open rebuilds the tier from the log.
     pub damaged_pages: u64,
 }
 

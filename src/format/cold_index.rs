@@ -17,33 +17,39 @@
 //! 40     4    filter_len     bytes of the filter section (0: no filter)
 //! 44     1    filter_kind    2 filter parts (the only kind written and read)
 //! 45     3    reserved       zero
-//! 48     8    reserved       zero
+//! 48     4    trusted_len    bytes of the trusted filter section (0: no section)
+//! 52     4    reserved       zero
 //! 56     8    checksum       xxh3-64 of bytes 0..56
 //!
 //! pages 1..=page_count, 4096 bytes each: the entries sorted by key hash
 //! 0      16n  entries (n = 255 in every page but the last, 1..=255 there)
 //!             0  8  key_hash   KeyHash of the record's key
 //!             8  4  segment    position in the segment table
-//!             12 4  offset     of the record in that segment
+//!             12 4  offset     of the record in that segment (bits 0..24; bit 31
+//!                              set for a trusted entry)
 //! 16n    ..   zeros up to 4080
 //! 4080   4    entry_count      n
 //! 4084   4    reserved         zero
 //! 4088   8    checksum         xxh3-64 of the page's bytes 0..4088
 //!
-//! then the sections, each followed by an 8-byte xxh3-64 of its bytes:
+//! then the sections (four with a trusted filter), each followed by an 8-byte xxh3-64
+//! of its bytes:
 //! segment table  segment_count × (segment_seq u64, bucket_deadline u64,
 //!                covered_len u64: the segment's length the entries cover)
-//! filter         filter_len bytes (cold_index::filter::FilterParts): u32 part
-//!                count, then per part (up to 2^22 distinct hashes each, in hash
-//!                order): u64 first key hash, u8 kind (0 none: every probe says
-//!                maybe, 1 binary fuse 8), 3 zero bytes, u32 length, then for kind 1
-//!                u64 seed, u32 segment_length, u32 mask, u32 segment_count_length
-//!                and the 8-bit fingerprints
+//! filter         filter_len bytes (cold_index::filter::FilterParts), over the
+//!                entries that are not trusted: u32 part count, then per part (up to
+//!                2^22 distinct hashes each, in hash order): u64 first key hash, u8
+//!                kind (0 none: every probe says maybe, 1 binary fuse 8, 2 binary
+//!                fuse 16), 3 zero bytes, u32 length, then for kinds 1 and 2 u64
+//!                seed, u32 segment_length, u32 mask, u32 segment_count_length and the
+//!                8-bit (16-bit, little-endian) fingerprints
 //! fences         page_count × u64: the first key hash of each page
+//! trusted filter trusted_len bytes laid out as the filter (parts of kind 2, or 0),
+//!                over the trusted entries' hashes (approximate namespaces)
 //! ```
 //!
 //! The file's length is exactly what the header's counts make it. Opening a generation
-//! reads the header and the sections (about 1.5 bytes per entry) and checks every
+//! reads the header and the sections (about 1.2 bytes per entry) and checks every
 //! checksum; a page is read, and its checksum checked, only when a lookup needs it.
 //! Every decoder here checks every bound, allocates nothing it was not told to by a
 //! checksummed count, and never panics, whatever the bytes.

@@ -1,6 +1,8 @@
 //! The filter in front of a cold index generation (issue 11, `docs/FORMAT.md`, "Cold
-//! index files"): a binary fuse filter with 8-bit fingerprints (`xorf::BinaryFuse8`),
-//! over the generation's key hashes.
+//! index files"): binary fuse filters with 8-bit fingerprints (`xorf::BinaryFuse8`),
+//! in parts of up to 2^22 distinct hashes, over the generation's key hashes; and for
+//! the trusted entries of approximate namespaces, 16-bit ones (`xorf::BinaryFuse16`),
+//! whose false positives are answers (`LikelyDuplicate`), so they are wider.
 //!
 //! Chosen by measurement (`examples/filter_choice`, `docs/BENCHMARKS.md`, "The cold
 //! tier's filter") over a split-block bloom filter: at 100M keys in 8 generations it
