@@ -300,6 +300,9 @@ impl Inputs<'_> {
 }
 
 /// Reads one generation's kept entries in order, a page at a time.
+/// A merge asks for its input's pages this many at a time (1 MiB), two windows ahead.
+const READ_AHEAD_PAGES: u32 = 256;
+
 struct Cursor<'a> {
     tier: &'a ColdTier,
     generation: &'a Generation,
@@ -326,6 +329,14 @@ impl Cursor<'_> {
                         at,
                         "cold index page beyond the file",
                     ));
+                }
+                // The file is mapped to be read randomly (one page per lookup): the
+                // merge reads it in order, so it asks for the next pages ahead itself.
+                if self.page.is_multiple_of(READ_AHEAD_PAGES) {
+                    generation.file.read_soon(
+                        at,
+                        2 * u64::from(READ_AHEAD_PAGES) * cold_index::PAGE_LEN as u64,
+                    );
                 }
                 self.entries.clear();
                 cold_index::decode_page(

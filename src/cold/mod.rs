@@ -247,6 +247,8 @@ pub(crate) fn read_head(
         return Err((0, "cold index file length disagrees with its header"));
     }
     let at = header.sections_offset();
+    // Read in order (and ahead, also in a file opened to be read randomly).
+    file.read_soon(at, header.sections_len());
     let sections =
         cold_index::decode_sections(&header, file.read(at, header.sections_len() as usize))
             .map_err(|e| (at, e.reason()))?;

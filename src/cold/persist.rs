@@ -206,6 +206,8 @@ fn open_generation(
     let file = vfs
         .open_segment(&path)
         .map_err(|e| Error::io("opening a cold index file", &path, e))?;
+    // Lookups read one page each; `read_head` reads the sections ahead all the same.
+    file.read_randomly();
     let (header, header_checksum, sections) = match super::read_head(file.as_ref()) {
         Ok(head) => head,
         Err((_, reason)) => return refuse(reason),

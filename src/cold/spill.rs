@@ -370,7 +370,11 @@ impl ColdTier {
                     .map_err(|e| Error::io("opening a cold index file", &path, e))
             });
         let file = match published {
-            Ok(file) => file,
+            Ok(file) => {
+                // Lookups read one page each (a merge reads its pages ahead itself).
+                file.read_randomly();
+                file
+            }
             Err(e) => {
                 let _ = vfs.remove(&temp);
                 let _ = vfs.remove(&path);

@@ -109,6 +109,15 @@ pub(crate) trait SegmentFile: Send + Sync {
     /// A hint: start writing the dirty pages back now (`sync_file_range`), without
     /// waiting; `sync_data` still makes them durable.
     fn start_writeback(&self) {}
+    /// A hint: the map's pages will be read one at a time and in no order (a cold index
+    /// file's pages, one per lookup): a fault then reads its page alone. Without it,
+    /// a fault on a page the page cache lacks reads the device's whole read-ahead
+    /// window around it (8 MiB on this VM), which evicts pages that are needed.
+    fn read_randomly(&self) {}
+    /// A hint: `offset..offset + len` will be read soon, in order (a merge's next
+    /// pages, a file's sections at open): start reading it now, also after
+    /// `read_randomly`.
+    fn read_soon(&self, _offset: u64, _len: u64) {}
     /// Makes every write before this call durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
     /// Shrinks the file to `len` bytes; no published byte lies beyond `len`.

@@ -203,7 +203,8 @@ impl OsSegmentFile {
         // SAFETY: start..end lies inside the mapping (end <= capacity, the mapping's
         // length) and start is page-aligned. The advices used keep the file's bytes as
         // they are (see `prefault` and `unmap_pages`; `MADV_RANDOM` only turns read-
-        // ahead off for the range).
+        // ahead off for the range, `MADV_WILLNEED` only starts reading it into the
+        // page cache).
         let rc = unsafe {
             libc::madvise(
                 map.as_mut_ptr().add(start as usize).cast(),
@@ -302,6 +303,27 @@ impl SegmentFile for OsSegmentFile {
         self.unmap_pages(offset, len);
     }
 
+    fn read_randomly(&self) {
+        self.advise(
+            0,
+            self.capacity / page_size() * page_size(),
+            libc::MADV_RANDOM,
+        );
+    }
+
+    fn read_soon(&self, offset: u64, len: u64) {
+        // The kernel reads at most its read-ahead window (8 MiB here) per call and
+        // drops the rest of the range: ask in steps below it. Each call only starts
+        // the reads.
+        const STEP: u64 = 4 << 20;
+        let mut start = offset / page_size() * page_size();
+        let end = offset.saturating_add(len).min(self.capacity);
+        while start < end {
+            self.advise(start, end.min(start + STEP), libc::MADV_WILLNEED);
+            start += STEP;
+        }
+    }
+
     fn start_writeback(&self) {
         // SAFETY: sync_file_range on a file descriptor we own; no memory is passed.
         // Best effort: an error here shows again in the fdatasync that follows.
@@ -318,5 +340,37 @@ impl SegmentFile for OsSegmentFile {
 
     fn truncate(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read hints change no byte and stay inside the map, whatever range they get.
+    #[test]
+    fn read_hints_keep_the_bytes_and_the_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..3 * page_size() + 100)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = OsVfs.open_segment(&path).unwrap();
+        file.read_randomly();
+        for (offset, len) in [
+            (0, u64::MAX),
+            (1, 10),
+            (page_size() + 7, 3 * page_size()),
+            (u64::MAX, 1),
+        ] {
+            file.read_soon(offset, len);
+        }
+        assert_eq!(file.read(0, bytes.len()), &bytes[..]);
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        let file = OsVfs.open_segment(&empty).unwrap();
+        file.read_randomly();
+        file.read_soon(0, 1 << 30);
     }
 }
