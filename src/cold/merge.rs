@@ -299,10 +299,11 @@ impl Inputs<'_> {
     }
 }
 
-/// Reads one generation's kept entries in order, a page at a time.
-/// A merge asks for its input's pages this many at a time (1 MiB), two windows ahead.
+/// Every this many pages (1 MiB), a merge asks for its input's next 2 MiB: its lead
+/// over the reads is 1 to 2 MiB.
 const READ_AHEAD_PAGES: u32 = 256;
 
+/// Reads one generation's kept entries in order, a page at a time.
 struct Cursor<'a> {
     tier: &'a ColdTier,
     generation: &'a Generation,

@@ -304,18 +304,16 @@ impl SegmentFile for OsSegmentFile {
     }
 
     fn read_randomly(&self) {
-        self.advise(
-            0,
-            self.capacity / page_size() * page_size(),
-            libc::MADV_RANDOM,
-        );
+        // The whole map, its last partial page too (the kernel rounds the length up).
+        self.advise(0, self.capacity, libc::MADV_RANDOM);
     }
 
     fn read_soon(&self, offset: u64, len: u64) {
-        // The kernel reads at most its read-ahead window (8 MiB here) per call and
-        // drops the rest of the range: ask in steps below it. Each call only starts
-        // the reads.
-        const STEP: u64 = 4 << 20;
+        // The kernel reads at most the larger of the device's read-ahead window and its
+        // largest request per call (8 MiB here; 128 KiB to 1 MiB on common defaults)
+        // and drops the rest of the range: ask in steps below that. Each call only
+        // starts the reads.
+        const STEP: u64 = 256 << 10;
         let mut start = offset / page_size() * page_size();
         let end = offset.saturating_add(len).min(self.capacity);
         while start < end {
