@@ -4,7 +4,7 @@ from the logs of `examples/cold_bench.rs` into docs/cold_tier.png, and prints th
 figures as a Markdown table.
 
 Usage:
-    scripts/cold_sweep.sh /work            # writes target/cold-sweep/*.log (~35 min)
+    scripts/cold_sweep.sh /work            # writes target/cold-sweep/*.log (~25 min)
     python3 scripts/plot_cold_tier.py target/cold-sweep/*.log [more.log ...]
 
 Each log holds one or two configurations (`== budget 16 MiB, N keys` or

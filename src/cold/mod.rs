@@ -231,6 +231,19 @@ impl Generation {
     }
 }
 
+/// Maps a generation file for lookups: read one page each, in no order
+/// (`SegmentFile::read_randomly`; a merge and `read_head` ask for their pages ahead).
+pub(crate) fn open_generation_file(
+    vfs: &dyn crate::io::Vfs,
+    path: &std::path::Path,
+) -> Result<Arc<dyn SegmentFile>, crate::error::Error> {
+    let file = vfs
+        .open_segment(path)
+        .map_err(|e| crate::error::Error::io("opening a cold index file", path, e))?;
+    file.read_randomly();
+    Ok(file)
+}
+
 /// A generation file's header, its header checksum and its sections, checked: the
 /// file is as long as its header says and every checksum holds (pages are not read).
 /// `Err((offset, reason))` otherwise. The open that reuses a file and `verify` both

@@ -203,11 +203,7 @@ fn open_generation(
 ) -> Result<Result<Loaded, String>, Error> {
     let path = dir.join(crate::layout::cold_file_name(state.number));
     let refuse = |why: &str| Ok(Err(format!("{}: {why}", path.display())));
-    let file = vfs
-        .open_segment(&path)
-        .map_err(|e| Error::io("opening a cold index file", &path, e))?;
-    // Lookups read one page each; `read_head` reads the sections ahead all the same.
-    file.read_randomly();
+    let file = super::open_generation_file(vfs, &path)?;
     let (header, header_checksum, sections) = match super::read_head(file.as_ref()) {
         Ok(head) => head,
         Err((_, reason)) => return refuse(reason),

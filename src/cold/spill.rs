@@ -365,16 +365,9 @@ impl ColdTier {
                     .map_err(|e| Error::io("syncing directory", &self.dir, e)),
                 false => Ok(()),
             })
-            .and_then(|()| {
-                vfs.open_segment(&path)
-                    .map_err(|e| Error::io("opening a cold index file", &path, e))
-            });
+            .and_then(|()| super::open_generation_file(vfs, &path));
         let file = match published {
-            Ok(file) => {
-                // Lookups read one page each (a merge reads its pages ahead itself).
-                file.read_randomly();
-                file
-            }
+            Ok(file) => file,
             Err(e) => {
                 let _ = vfs.remove(&temp);
                 let _ = vfs.remove(&path);
