@@ -165,7 +165,9 @@ pub(crate) fn verify_on(
     let mut done = 0u64;
     progress(0, total);
     for segment in &survey.segments {
-        let bytes = segment.bytes();
+        let bytes = segment
+            .file
+            .read_for_walk(0, segment.file.capacity() as usize);
         report.segments += 1;
         report.bytes += bytes.len() as u64;
         match &segment.verdict {
@@ -239,6 +241,12 @@ fn verify_cold_file(vfs: &dyn Vfs, path: &Path, report: &mut VerifyReport) -> Re
     let mut entries = Vec::new();
     for page in 0..header.page_count {
         let at = header.page_offset(page);
+        // The file is mapped to be read randomly (one page per lookup): this walk asks
+        // for its next pages ahead, as a merge does.
+        if page.is_multiple_of(crate::cold::READ_AHEAD_PAGES) {
+            let ahead = 2 * u64::from(crate::cold::READ_AHEAD_PAGES) * PAGE_LEN as u64;
+            file.read_soon(at, ahead);
+        }
         entries.clear();
         let decoded = cold_index::decode_page(
             &header,

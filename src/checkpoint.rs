@@ -58,7 +58,10 @@ fn content_hashes(files: &[(&dyn SegmentFile, u64)]) -> Vec<u64> {
             .step_by(parts)
             .map(|i| {
                 let (file, len) = files[i];
-                (i, checkpoint::content_hash(file.read(0, len as usize)))
+                (
+                    i,
+                    checkpoint::content_hash(file.read_for_walk(0, len as usize)),
+                )
             })
             .collect::<Vec<_>>()
     });

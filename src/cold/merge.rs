@@ -299,10 +299,6 @@ impl Inputs<'_> {
     }
 }
 
-/// Every this many pages (1 MiB), a merge asks for its input's next 2 MiB: its lead
-/// over the reads is 1 to 2 MiB.
-const READ_AHEAD_PAGES: u32 = 256;
-
 /// Reads one generation's kept entries in order, a page at a time.
 struct Cursor<'a> {
     tier: &'a ColdTier,
@@ -333,10 +329,10 @@ impl Cursor<'_> {
                 }
                 // The file is mapped to be read randomly (one page per lookup): the
                 // merge reads it in order, so it asks for the next pages ahead itself.
-                if self.page.is_multiple_of(READ_AHEAD_PAGES) {
+                if self.page.is_multiple_of(super::READ_AHEAD_PAGES) {
                     generation.file.read_soon(
                         at,
-                        2 * u64::from(READ_AHEAD_PAGES) * cold_index::PAGE_LEN as u64,
+                        2 * u64::from(super::READ_AHEAD_PAGES) * cold_index::PAGE_LEN as u64,
                     );
                 }
                 self.entries.clear();

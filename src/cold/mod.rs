@@ -231,8 +231,13 @@ impl Generation {
     }
 }
 
+/// Every this many pages (1 MiB), a walk of a generation file in order (a merge's
+/// input, `verify`) asks for its next 2 MiB: its lead over the reads is 1 to 2 MiB.
+pub(crate) const READ_AHEAD_PAGES: u32 = 256;
+
 /// Maps a generation file for lookups: read one page each, in no order
-/// (`SegmentFile::read_randomly`; a merge and `read_head` ask for their pages ahead).
+/// (`SegmentFile::read_randomly`; a merge, `verify` and `read_head` ask for their pages
+/// ahead).
 pub(crate) fn open_generation_file(
     vfs: &dyn crate::io::Vfs,
     path: &std::path::Path,

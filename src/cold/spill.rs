@@ -178,7 +178,9 @@ impl ColdTier {
         let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
         let trusted = self.trusted_namespaces.read().clone();
         for (row, (segment, from, covered)) in segments.iter().enumerate() {
-            let bytes = segment.file.read(0, *covered as usize);
+            let bytes = segment
+                .file
+                .read_for_walk(*from as usize, *covered as usize);
             reader::scan(bytes, *from as usize, |offset, record| {
                 if let (Some(partition), Some(source)) =
                     (record.placement.partition, record.placement.offset)

@@ -37,7 +37,9 @@ impl Engine {
         let mut go_on = true;
         let mut failure = None;
         for segment in segments.iter().filter(|s| s.deadline_ms > now.0) {
-            let bytes = segment.file.read(0, segment.published() as usize);
+            let bytes = segment
+                .file
+                .read_for_walk(segment_header::LEN, segment.published() as usize);
             reader::scan(bytes, segment_header::LEN, |offset, stored| {
                 if !go_on
                     || stored.state == State::Tombstone

@@ -87,7 +87,9 @@ impl Expiry {
         let mut unpublished = Vec::with_capacity(segments.len());
         for segment in &segments {
             deadlines.insert(segment.deadline_ms);
-            let bytes = segment.file.read(0, segment.published() as usize);
+            let bytes = segment
+                .file
+                .read_for_walk(segment_header::LEN, segment.published() as usize);
             let report = reader::scan(bytes, segment_header::LEN, |offset, record| {
                 let hash = KeyHash::of_record(&record);
                 let location = Location {

@@ -110,7 +110,8 @@ pub(crate) trait SegmentFile: Send + Sync {
     /// waiting; `sync_data` still makes them durable.
     fn start_writeback(&self) {}
     /// A hint: the map's pages will be read one at a time and in no order (a cold index
-    /// file's pages, one per lookup): a fault then reads its page alone. Without it,
+    /// file's pages, one per lookup; a log segment's records, one per duplicate's
+    /// check): a fault then reads its page alone. Without it,
     /// a fault on a page the page cache lacks reads the device's whole read-ahead
     /// window around it (8 MiB on this VM), which evicts pages that are needed.
     fn read_randomly(&self) {}
@@ -118,6 +119,13 @@ pub(crate) trait SegmentFile: Send + Sync {
     /// pages, a file's sections at open): start reading it now, also after
     /// `read_randomly`.
     fn read_soon(&self, _offset: u64, _len: u64) {}
+    /// `read(0, len)` for a walk of a log segment's records in order from `from`: asks
+    /// for `from..len` ahead (`read_soon`) first, since log segments are mapped
+    /// `read_randomly` (a duplicate's check reads one record, anywhere in the log).
+    fn read_for_walk(&self, from: usize, len: usize) -> &[u8] {
+        self.read_soon(from as u64, len.saturating_sub(from) as u64);
+        self.read(0, len)
+    }
     /// Makes every write before this call durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
     /// Shrinks the file to `len` bytes; no published byte lies beyond `len`.

@@ -75,18 +75,25 @@ impl Vfs for OsVfs {
         // mapping is `capacity` long. Pages past the end of the file are never touched
         // (writes stay inside what was allocated), and after a crash recovery reads no
         // more than one allocation step of unused space.
-        OsSegmentFile::map_len(file, capacity).map(|s| Arc::new(s) as Arc<dyn SegmentFile>)
+        //
+        // Reads of a segment are one record at a time in no order (a duplicate's check)
+        // or walks that ask for their pages ahead (`read_for_walk`): a fault on a page
+        // the page cache lacks reads that page alone, never the device's whole
+        // read-ahead window around it (8 MiB on this VM, which made each check of a
+        // cold duplicate at a billion keys cost milliseconds, and at open made 1,474
+        // segment headers cost 4.8 s). Writes fault nothing in: their blocks are
+        // allocated unwritten and `prepare_write` maps them.
+        let mapped = OsSegmentFile::map_len(file, capacity)?;
+        mapped.read_randomly();
+        Ok(Arc::new(mapped) as Arc<dyn SegmentFile>)
     }
 
     fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let mapped = OsSegmentFile::map(file)?;
-        // An open reads the first page of every file it surveys (a header), and from
-        // a cold page cache the fault on it would read ahead the device's whole window
-        // around it (8 MiB here: 1,474 segment files after a crash at 500M keys took
-        // 4.8 s): that page alone is read. The rest of the map keeps the default.
-        let page = page_size().min(mapped.capacity / page_size() * page_size());
-        mapped.advise(0, page, libc::MADV_RANDOM);
+        // As in `create_segment`: an open reads only the header page of every file it
+        // surveys, and replay walks ask for their pages ahead.
+        mapped.read_randomly();
         Ok(Arc::new(mapped) as Arc<dyn SegmentFile>)
     }
 
@@ -365,6 +372,21 @@ mod tests {
             file.read_soon(offset, len);
         }
         assert_eq!(file.read(0, bytes.len()), &bytes[..]);
+        // A walk from anywhere, past the end too, reads the same bytes from 0.
+        for from in [0, 1, page_size() as usize + 3, bytes.len(), bytes.len() + 9] {
+            assert_eq!(file.read_for_walk(from, bytes.len()), &bytes[..]);
+        }
+        // A segment created here (mapped `read_randomly` from the start) is written
+        // through its map and read back.
+        let created = OsVfs
+            .create_segment(&dir.path().join("new"), 4 * page_size())
+            .unwrap();
+        created.allocate(0, 2 * page_size()).unwrap();
+        created.write_with(0, bytes.len().min(2 * page_size() as usize), &mut |out| {
+            out.copy_from_slice(&bytes[..out.len()])
+        });
+        let written = 2 * page_size() as usize;
+        assert_eq!(created.read_for_walk(1, written), &bytes[..written]);
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").unwrap();
         let file = OsVfs.open_segment(&empty).unwrap();

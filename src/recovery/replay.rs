@@ -129,8 +129,11 @@ impl Worker<'_> {
                 break;
             }
             let mut outboxes: Vec<Vec<Routed>> = (0..self.parts).map(|_| Vec::new()).collect();
-            let bytes = self.pending[segment].bytes();
-            let from = self.pending[segment].from;
+            let pending = &self.pending[segment];
+            let from = pending.from;
+            let bytes = pending
+                .file
+                .read_for_walk(from, pending.file.capacity() as usize);
             let survey =
                 survey::scan_records(bytes, from, self.namespace_count, |offset, record| {
                     let hash = KeyHash::of_record(record);

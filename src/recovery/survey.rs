@@ -116,13 +116,6 @@ pub(crate) enum Verdict {
     Live(SegmentHeader),
 }
 
-impl SurveyedSegment {
-    /// The whole file.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        self.file.read(0, self.file.capacity() as usize)
-    }
-}
-
 /// Surveys the files `names` (the listing of `dir`) at `now_ms`. `Err` only if a file
 /// named like a segment could not be opened.
 pub(crate) fn survey(

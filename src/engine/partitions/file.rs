@@ -146,7 +146,9 @@ impl Engine {
         let mut found: std::collections::BTreeSet<(u32, u32)> = Default::default();
         let segments: Vec<Arc<Segment>> = self.log.table.read().segments().cloned().collect();
         for segment in &segments {
-            let bytes = segment.file.read(0, segment.published() as usize);
+            let bytes = segment
+                .file
+                .read_for_walk(segment_header::LEN, segment.published() as usize);
             reader::scan(bytes, segment_header::LEN, |_, stored| {
                 if let Some(partition) = stored.placement.partition {
                     found.insert((stored.namespace_id, partition));
