@@ -165,9 +165,12 @@ pub(crate) fn verify_on(
     let mut done = 0u64;
     progress(0, total);
     for segment in &survey.segments {
-        let bytes = segment
-            .file
-            .read_for_walk(0, segment.file.capacity() as usize);
+        let len = segment.file.capacity() as usize;
+        let bytes = match &segment.verdict {
+            // Walked below: asked for ahead (the map is `read_randomly`).
+            Verdict::Expired | Verdict::Live(_) => segment.file.read_for_walk(0, len),
+            Verdict::Empty | Verdict::Damaged(_) => segment.file.read(0, len),
+        };
         report.segments += 1;
         report.bytes += bytes.len() as u64;
         match &segment.verdict {
@@ -226,9 +229,7 @@ pub(crate) fn verify_on(
 fn verify_cold_file(vfs: &dyn Vfs, path: &Path, report: &mut VerifyReport) -> Result<(), Error> {
     use crate::format::cold_index::{self, PAGE_LEN};
     const REBUILT: &str = "; the log holds its keys: an open without COLD_STATE rebuilds them";
-    let file = vfs
-        .open_segment(path)
-        .map_err(|e| Error::io("opening a cold index file", path, e))?;
+    let file = crate::cold::open_generation_file(vfs, path)?;
     report.cold_files += 1;
     report.bytes += file.capacity();
     let (header, _, sections) = match crate::cold::read_head(file.as_ref()) {

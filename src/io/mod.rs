@@ -28,9 +28,11 @@ pub(crate) trait Vfs: Send + Sync + 'static {
     fn read_small(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
     /// Opens (creating if missing) a small append-only file.
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>>;
-    /// Creates a new segment file of `capacity` bytes (sparse) and maps it.
+    /// Creates a new segment file of `capacity` bytes (sparse) and maps it, advised
+    /// `read_randomly`: a walk of its records goes through `read_for_walk`.
     fn create_segment(&self, path: &Path, capacity: u64) -> io::Result<Arc<dyn SegmentFile>>;
-    /// Maps an existing segment file (its current length).
+    /// Maps an existing segment file (its current length), advised `read_randomly`
+    /// (log segments and cold generation files): a walk asks for its pages ahead.
     fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Renames `from` to `to` in the same directory, replacing `to` if it exists.
@@ -116,7 +118,8 @@ pub(crate) trait SegmentFile: Send + Sync {
     /// window around it (8 MiB on this VM), which evicts pages that are needed.
     fn read_randomly(&self) {}
     /// A hint: `offset..offset + len` will be read soon, in order (a merge's next
-    /// pages, a file's sections at open): start reading it now, also after
+    /// pages, a file's sections at open, a segment walk's `read_for_walk`): start
+    /// reading it now, also after
     /// `read_randomly`.
     fn read_soon(&self, _offset: u64, _len: u64) {}
     /// `read(0, len)` for a walk of a log segment's records in order from `from`: asks

@@ -321,6 +321,9 @@ impl SegmentFile for OsSegmentFile {
         // and drops the rest of the range: ask in steps below that. Each call only
         // starts the reads.
         const STEP: u64 = 256 << 10;
+        if len == 0 {
+            return;
+        }
         let mut start = offset / page_size() * page_size();
         let end = offset.saturating_add(len).min(self.capacity);
         while start < end {
