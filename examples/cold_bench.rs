@@ -16,7 +16,8 @@
 //! Each configuration runs in a child process of its own, so its RSS is its alone.
 //! `COLD_BENCH_NO_REPLAY=1` skips the crash and the open after it; `COLD_BENCH_DUPS=n`
 //! runs n duplicates per phase instead of 2,000,000 (data larger than the page cache
-//! makes each a disk read).
+//! makes each a disk read); `COLD_BENCH_SHARDS=n` opens the store with n index shards
+//! instead of 256.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,16 @@ fn key(n: u64) -> [u8; 16] {
     k[..8].copy_from_slice(&n.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
     k[8..].copy_from_slice(&n.to_le_bytes());
     k
+}
+
+/// The index shards (`COLD_BENCH_SHARDS`, default 256): a fresh key whose 20-bit
+/// fingerprint matches a hot entry of its shard reads that entry's record, so the
+/// hot entries per shard set how many records a fresh key reads.
+fn shards() -> usize {
+    std::env::var("COLD_BENCH_SHARDS")
+        .ok()
+        .map(|v| v.parse().expect("COLD_BENCH_SHARDS: a power of two"))
+        .unwrap_or(256)
 }
 
 fn status(field: &str) -> u64 {
@@ -136,7 +147,7 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
     let open = || {
         let builder = Store::builder(dir)
             .durability(Durability::Interval(Duration::from_millis(100)))
-            .shards(256);
+            .shards(shards());
         match budget {
             Some(b) => builder.memory_budget(b).open(),
             None => builder.open(),
