@@ -17,7 +17,8 @@
 //! `COLD_BENCH_NO_REPLAY=1` skips the crash and the open after it; `COLD_BENCH_DUPS=n`
 //! runs n duplicates per phase instead of 2,000,000 (data larger than the page cache
 //! makes each a disk read); `COLD_BENCH_SHARDS=n` opens the store with n index shards
-//! instead of 256.
+//! instead of 256; `COLD_BENCH_TRACE=1` prints the cold tier's debug events (each spill
+//! and merge, with where its time went) with seconds since the first.
 
 use std::time::{Duration, Instant};
 
@@ -144,6 +145,9 @@ impl PeakAnon {
 }
 
 fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
+    if std::env::var_os("COLD_BENCH_TRACE").is_some() {
+        let _ = tracing::subscriber::set_global_default(PrintInfo);
+    }
     let open = || {
         let builder = Store::builder(dir)
             .durability(Durability::Interval(Duration::from_millis(100)))
@@ -413,6 +417,8 @@ struct PrintInfo;
 impl tracing::Subscriber for PrintInfo {
     fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
         *metadata.level() <= tracing::Level::INFO
+            || (std::env::var_os("COLD_BENCH_TRACE").is_some()
+                && metadata.target().starts_with("idemstore::cold"))
     }
     fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
         tracing::span::Id::from_u64(1)
@@ -428,7 +434,13 @@ impl tracing::Subscriber for PrintInfo {
         }
         let mut line = Line(String::new());
         event.record(&mut line);
-        println!("    [{}]{}", event.metadata().level(), line.0);
+        if std::env::var_os("COLD_BENCH_TRACE").is_some() {
+            static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+            let at = START.get_or_init(Instant::now).elapsed().as_secs_f64();
+            println!("    [{} {at:.3}s]{}", event.metadata().level(), line.0);
+        } else {
+            println!("    [{}]{}", event.metadata().level(), line.0);
+        }
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}

@@ -29,6 +29,7 @@ impl ColdTier {
         let Some((older, newer)) = self.smallest_pair() else {
             return Ok(false);
         };
+        let started = std::time::Instant::now();
         let mut rows: Vec<ColdSegment> = Vec::new();
         let mut segments = Vec::new();
         let mut counts = Vec::new();
@@ -149,6 +150,7 @@ impl ColdTier {
             newer = newer.number,
             into = number,
             entries = merged.as_ref().map_or(0, |m| m.entry_count()),
+            ms = started.elapsed().as_millis() as u64,
             "merged two cold generations"
         );
         Ok(true)

@@ -174,6 +174,7 @@ impl ColdTier {
     ) -> Result<u64, Error> {
         // No cold state copies a spill half done, and no merge publishes meanwhile.
         let _publishing = self.publishing.lock();
+        let started = std::time::Instant::now();
         let mut entries: Vec<ColdEntry> = Vec::new();
         let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
         let trusted = self.trusted_namespaces.read().clone();
@@ -250,8 +251,10 @@ impl ColdTier {
                 covered_len: *covered,
             })
             .collect();
+        let walked = started.elapsed();
         // Sorted as the file holds them (by hash): an entry's position is its index here.
         entries.sort_unstable();
+        let sorted = started.elapsed();
         let states: Vec<u8> = entries
             .iter_mut()
             .map(|e| {
@@ -277,6 +280,7 @@ impl ColdTier {
             .expect("a spill writes one entry or more");
         self.generations.write().push(Arc::clone(&generation));
         self.any.store(true, Ordering::Release);
+        let written = started.elapsed();
         {
             let mut spilled = self.spilled.lock();
             for (segment, _, covered) in segments {
@@ -304,10 +308,16 @@ impl ColdTier {
         }
         self.spills.fetch_add(1, Ordering::Relaxed);
         self.spilled_keys.fetch_add(moved, Ordering::Relaxed);
+        // Where a spill's time goes (the spills' pace against the writers' is what
+        // bounds the hot tier while writing).
         tracing::debug!(
             generation = number,
             entries = entries.len(),
             moved,
+            walk_ms = walked.as_millis() as u64,
+            sort_ms = (sorted - walked).as_millis() as u64,
+            write_ms = (written - sorted).as_millis() as u64,
+            remove_ms = (started.elapsed() - written).as_millis() as u64,
             "spilled a bucket's index entries to a cold generation"
         );
         Ok(moved)
