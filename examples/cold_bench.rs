@@ -18,7 +18,7 @@
 //! runs n duplicates per phase instead of 2,000,000 (data larger than the page cache
 //! makes each a disk read); `COLD_BENCH_SHARDS=n` opens the store with n index shards
 //! instead of 256; `COLD_BENCH_TRACE=1` prints the cold tier's debug events (each spill
-//! and merge, with where its time went) with seconds since the first.
+//! and merge, with where its time went) with seconds since the store's first open.
 
 use std::time::{Duration, Instant};
 
@@ -145,8 +145,9 @@ impl PeakAnon {
 }
 
 fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
-    if std::env::var_os("COLD_BENCH_TRACE").is_some() {
-        let _ = tracing::subscriber::set_global_default(PrintInfo);
+    let print = PrintInfo::new();
+    if print.trace.is_some() {
+        let _ = tracing::subscriber::set_global_default(print);
     }
     let open = || {
         let builder = Store::builder(dir)
@@ -303,7 +304,7 @@ const CRASH_KEYS: u64 = 1 << 62;
 fn reopen_after_crash(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
     // The open's phases (survey, cold load, replay, sync, restore, reconcile) are
     // logged at info: print them.
-    let _ = tracing::subscriber::set_global_default(PrintInfo);
+    let _ = tracing::subscriber::set_global_default(PrintInfo::new());
     // A machine that restarts after a crash starts with nothing cached: the page cache
     // is dropped first (when root).
     let cold_cache = drop_page_cache();
@@ -411,14 +412,26 @@ fn main() {
     }
 }
 
-/// A minimal subscriber: prints each event at info or above, its fields on one line.
-struct PrintInfo;
+/// A minimal subscriber: prints each event at info or above, its fields on one line;
+/// with `COLD_BENCH_TRACE`, the cold tier's debug events too, each with the seconds
+/// since the subscriber was made.
+struct PrintInfo {
+    /// `Some(start)` with `COLD_BENCH_TRACE`.
+    trace: Option<Instant>,
+}
+
+impl PrintInfo {
+    fn new() -> PrintInfo {
+        PrintInfo {
+            trace: std::env::var_os("COLD_BENCH_TRACE").map(|_| Instant::now()),
+        }
+    }
+}
 
 impl tracing::Subscriber for PrintInfo {
     fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
         *metadata.level() <= tracing::Level::INFO
-            || (std::env::var_os("COLD_BENCH_TRACE").is_some()
-                && metadata.target().starts_with("idemstore::cold"))
+            || (self.trace.is_some() && metadata.target().starts_with("idemstore::cold"))
     }
     fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
         tracing::span::Id::from_u64(1)
@@ -434,12 +447,12 @@ impl tracing::Subscriber for PrintInfo {
         }
         let mut line = Line(String::new());
         event.record(&mut line);
-        if std::env::var_os("COLD_BENCH_TRACE").is_some() {
-            static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-            let at = START.get_or_init(Instant::now).elapsed().as_secs_f64();
-            println!("    [{} {at:.3}s]{}", event.metadata().level(), line.0);
-        } else {
-            println!("    [{}]{}", event.metadata().level(), line.0);
+        match self.trace {
+            Some(start) => {
+                let at = start.elapsed().as_secs_f64();
+                println!("    [{} {at:.3}s]{}", event.metadata().level(), line.0);
+            }
+            None => println!("    [{}]{}", event.metadata().level(), line.0),
         }
     }
     fn enter(&self, _: &tracing::span::Id) {}

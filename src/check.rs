@@ -167,7 +167,7 @@ pub(crate) fn verify_on(
     for segment in &survey.segments {
         let len = segment.file.capacity() as usize;
         let bytes = match &segment.verdict {
-            // Walked below: asked for ahead (the map is `read_randomly`).
+            // Walked below: asked for ahead (the map is for random reads).
             Verdict::Expired | Verdict::Live(_) => segment.file.read_for_walk(0, len),
             Verdict::Empty | Verdict::Damaged(_) => segment.file.read(0, len),
         };
@@ -242,12 +242,7 @@ fn verify_cold_file(vfs: &dyn Vfs, path: &Path, report: &mut VerifyReport) -> Re
     let mut entries = Vec::new();
     for page in 0..header.page_count {
         let at = header.page_offset(page);
-        // The file is mapped to be read randomly (one page per lookup): this walk asks
-        // for its next pages ahead, as a merge does.
-        if page.is_multiple_of(crate::cold::READ_AHEAD_PAGES) {
-            let ahead = 2 * u64::from(crate::cold::READ_AHEAD_PAGES) * PAGE_LEN as u64;
-            file.read_soon(at, ahead);
-        }
+        crate::cold::read_pages_ahead(file.as_ref(), page, at);
         entries.clear();
         let decoded = cold_index::decode_page(
             &header,

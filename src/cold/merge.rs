@@ -329,14 +329,7 @@ impl Cursor<'_> {
                         "cold index page beyond the file",
                     ));
                 }
-                // The file is mapped to be read randomly (one page per lookup): the
-                // merge reads it in order, so it asks for the next pages ahead itself.
-                if self.page.is_multiple_of(super::READ_AHEAD_PAGES) {
-                    generation.file.read_soon(
-                        at,
-                        2 * u64::from(super::READ_AHEAD_PAGES) * cold_index::PAGE_LEN as u64,
-                    );
-                }
+                super::read_pages_ahead(generation.file.as_ref(), self.page, at);
                 self.entries.clear();
                 cold_index::decode_page(
                     &generation.header,

@@ -231,22 +231,28 @@ impl Generation {
     }
 }
 
-/// Every this many pages (1 MiB), a walk of a generation file in order (a merge's
-/// input, `verify`) asks for its next 2 MiB: its lead over the reads is 1 to 2 MiB.
-pub(crate) const READ_AHEAD_PAGES: u32 = 256;
+/// Every this many pages (1 MiB), a walk of a generation file in order asks for its
+/// next 2 MiB: its lead over the reads is 1 to 2 MiB.
+const READ_AHEAD_PAGES: u32 = 256;
 
-/// Maps a generation file for lookups: read one page each, in no order
-/// (`SegmentFile::read_randomly`; a merge, `verify` and `read_head` ask for their pages
+/// For a walk of `file`'s pages in order (a merge's input, `verify`), before reading
+/// `page` at `at`: the map is read randomly (one page per lookup), so the walk asks
+/// for its next pages ahead itself.
+pub(crate) fn read_pages_ahead(file: &dyn SegmentFile, page: u32, at: u64) {
+    if page.is_multiple_of(READ_AHEAD_PAGES) {
+        file.read_soon(at, 2 * u64::from(READ_AHEAD_PAGES) * PAGE_LEN as u64);
+    }
+}
+
+/// Maps a generation file for lookups: read one page each, in no order (`open_segment`
+/// maps it for random reads; a merge, `verify` and `read_head` ask for their pages
 /// ahead).
 pub(crate) fn open_generation_file(
     vfs: &dyn crate::io::Vfs,
     path: &std::path::Path,
 ) -> Result<Arc<dyn SegmentFile>, crate::error::Error> {
-    let file = vfs
-        .open_segment(path)
-        .map_err(|e| crate::error::Error::io("opening a cold index file", path, e))?;
-    file.read_randomly();
-    Ok(file)
+    vfs.open_segment(path)
+        .map_err(|e| crate::error::Error::io("opening a cold index file", path, e))
 }
 
 /// A generation file's header, its header checksum and its sections, checked: the

@@ -28,11 +28,16 @@ pub(crate) trait Vfs: Send + Sync + 'static {
     fn read_small(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
     /// Opens (creating if missing) a small append-only file.
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>>;
-    /// Creates a new segment file of `capacity` bytes (sparse) and maps it, advised
-    /// `read_randomly`: a walk of its records goes through `read_for_walk`.
+    /// Creates a new segment file of `capacity` bytes (sparse) and maps it for random
+    /// reads (see `open_segment`).
     fn create_segment(&self, path: &Path, capacity: u64) -> io::Result<Arc<dyn SegmentFile>>;
-    /// Maps an existing segment file (its current length), advised `read_randomly`
-    /// (log segments and cold generation files): a walk asks for its pages ahead.
+    /// Maps an existing segment file (its current length; log segments and cold
+    /// generation files) for random reads: its pages are read one at a time and in no
+    /// order (a log record per duplicate's check, a cold page per lookup), so a fault
+    /// reads its page alone (`MADV_RANDOM`). Without that, a fault on a page the page
+    /// cache lacks reads the device's whole read-ahead window around it (8 MiB on this
+    /// VM), which evicts pages that are needed. A walk in order asks for its pages
+    /// ahead (`SegmentFile::read_for_walk`, `read_soon`).
     fn open_segment(&self, path: &Path) -> io::Result<Arc<dyn SegmentFile>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Renames `from` to `to` in the same directory, replacing `to` if it exists.
@@ -111,20 +116,13 @@ pub(crate) trait SegmentFile: Send + Sync {
     /// A hint: start writing the dirty pages back now (`sync_file_range`), without
     /// waiting; `sync_data` still makes them durable.
     fn start_writeback(&self) {}
-    /// A hint: the map's pages will be read one at a time and in no order (a cold index
-    /// file's pages, one per lookup; a log segment's records, one per duplicate's
-    /// check): a fault then reads its page alone. Without it,
-    /// a fault on a page the page cache lacks reads the device's whole read-ahead
-    /// window around it (8 MiB on this VM), which evicts pages that are needed.
-    fn read_randomly(&self) {}
     /// A hint: `offset..offset + len` will be read soon, in order (a merge's next
     /// pages, a file's sections at open, a segment walk's `read_for_walk`): start
-    /// reading it now, also after
-    /// `read_randomly`.
+    /// reading it now, although the map is for random reads.
     fn read_soon(&self, _offset: u64, _len: u64) {}
     /// `read(0, len)` for a walk of a log segment's records in order from `from`: asks
-    /// for `from..len` ahead (`read_soon`) first, since log segments are mapped
-    /// `read_randomly` (a duplicate's check reads one record, anywhere in the log).
+    /// for `from..len` ahead (`read_soon`) first, since segments are mapped for
+    /// random reads (`Vfs::open_segment`).
     fn read_for_walk(&self, from: usize, len: usize) -> &[u8] {
         self.read_soon(from as u64, len.saturating_sub(from) as u64);
         self.read(0, len)

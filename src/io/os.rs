@@ -187,6 +187,12 @@ impl OsSegmentFile {
         self.advise(start, end, libc::MADV_POPULATE_WRITE);
     }
 
+    /// Advises the whole map for random reads (`MADV_RANDOM`, its last partial page
+    /// too: the kernel rounds the length up); see `Vfs::open_segment`.
+    fn read_randomly(&self) {
+        self.advise(0, self.capacity, libc::MADV_RANDOM);
+    }
+
     /// Unmaps the whole pages inside `offset..offset + len` (`MADV_DONTNEED` on a
     /// shared file mapping drops only the page-table entries; dirty data stays in the
     /// page cache and is written back as usual, and any later access faults them back
@@ -310,11 +316,6 @@ impl SegmentFile for OsSegmentFile {
         self.unmap_pages(offset, len);
     }
 
-    fn read_randomly(&self) {
-        // The whole map, its last partial page too (the kernel rounds the length up).
-        self.advise(0, self.capacity, libc::MADV_RANDOM);
-    }
-
     fn read_soon(&self, offset: u64, len: u64) {
         // The kernel reads at most the larger of the device's read-ahead window and its
         // largest request per call (8 MiB here; 128 KiB to 1 MiB on common defaults)
@@ -365,7 +366,6 @@ mod tests {
             .collect();
         std::fs::write(&path, &bytes).unwrap();
         let file = OsVfs.open_segment(&path).unwrap();
-        file.read_randomly();
         for (offset, len) in [
             (0, u64::MAX),
             (1, 10),
@@ -379,7 +379,7 @@ mod tests {
         for from in [0, 1, page_size() as usize + 3, bytes.len(), bytes.len() + 9] {
             assert_eq!(file.read_for_walk(from, bytes.len()), &bytes[..]);
         }
-        // A segment created here (mapped `read_randomly` from the start) is written
+        // A segment created here (mapped for random reads from the start) is written
         // through its map and read back.
         let created = OsVfs
             .create_segment(&dir.path().join("new"), 4 * page_size())
@@ -393,7 +393,6 @@ mod tests {
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").unwrap();
         let file = OsVfs.open_segment(&empty).unwrap();
-        file.read_randomly();
         file.read_soon(0, 1 << 30);
     }
 }
