@@ -301,6 +301,22 @@ impl Inputs<'_> {
     }
 }
 
+/// Every this many pages (1 MiB), a walk of a generation file in order asks for its
+/// next 2 MiB: its lead over the reads is 1 to 2 MiB.
+const READ_AHEAD_PAGES: u32 = 256;
+
+/// For a walk of `file`'s pages in order (a merge's input, `verify`), before reading
+/// `page` at `at`: the map is read randomly (one page per lookup), so the walk asks
+/// for its next pages ahead itself.
+pub(crate) fn read_pages_ahead(file: &dyn crate::io::SegmentFile, page: u32, at: u64) {
+    if page.is_multiple_of(READ_AHEAD_PAGES) {
+        file.read_soon(
+            at,
+            2 * u64::from(READ_AHEAD_PAGES) * cold_index::PAGE_LEN as u64,
+        );
+    }
+}
+
 /// Reads one generation's kept entries in order, a page at a time.
 struct Cursor<'a> {
     tier: &'a ColdTier,

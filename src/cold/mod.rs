@@ -38,6 +38,7 @@ use crate::index::{Index, KeyHash, StateCounts};
 use crate::io::SegmentFile;
 use crate::log::Segment;
 
+pub(crate) use merge::read_pages_ahead;
 pub(crate) use persist::{Reused, load};
 
 /// Beyond this many generations, the two adjacent generations with the fewest entries
@@ -228,19 +229,6 @@ impl Generation {
         self.counts[row][shard][StateCounts::index(state)]
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
             .is_ok()
-    }
-}
-
-/// Every this many pages (1 MiB), a walk of a generation file in order asks for its
-/// next 2 MiB: its lead over the reads is 1 to 2 MiB.
-const READ_AHEAD_PAGES: u32 = 256;
-
-/// For a walk of `file`'s pages in order (a merge's input, `verify`), before reading
-/// `page` at `at`: the map is read randomly (one page per lookup), so the walk asks
-/// for its next pages ahead itself.
-pub(crate) fn read_pages_ahead(file: &dyn SegmentFile, page: u32, at: u64) {
-    if page.is_multiple_of(READ_AHEAD_PAGES) {
-        file.read_soon(at, 2 * u64::from(READ_AHEAD_PAGES) * PAGE_LEN as u64);
     }
 }
 
