@@ -52,6 +52,14 @@ const CRASHES: &[(&str, &str, &str)] = &[
          open with `Error::Corruption` when a record names an unknown namespace id",
     ),
     (
+        "open_dir",
+        "crash-one-lsn-in-two-buckets",
+        "two segments of different buckets (so different expiries) held the same record, \
+         one key under one LSN; replay kept whichever its threads applied first, so a key's \
+         `expires_at` changed across a clean close and reopen; src/recovery/replay.rs now \
+         breaks an LSN tie by the log's order (bucket deadline, segment seq, offset)",
+    ),
+    (
         "cold_index",
         "crash-filter-forged-checksum",
         "a cold index file whose filter section differs from the filter its entries make, \

@@ -203,6 +203,8 @@ pub(crate) fn recover(
                     slot,
                     path: segment.path.clone(),
                     file: Arc::clone(&segment.file),
+                    deadline_ms: header.bucket_deadline_ms,
+                    seq: header.segment_seq,
                     from,
                 });
             }

@@ -19,6 +19,10 @@ pub(super) struct Pending {
     pub slot: SegmentSlot,
     pub path: PathBuf,
     pub file: Arc<dyn SegmentFile>,
+    /// Its bucket's deadline and its seq, from its header: with the offset, a record's
+    /// place in the log's order.
+    pub deadline_ms: u64,
+    pub seq: u64,
     /// Where its replay starts: past the header, or past the records a spill walked
     /// (their entries are in the cold tier).
     pub from: usize,
@@ -176,11 +180,19 @@ impl Worker<'_> {
                 slot: segment.slot,
                 offset: routed.offset,
             };
-            apply(self.log, &mut shards[shard], routed, location, || {
-                record::decode(&bytes[routed.offset as usize..])
-                    .expect("the scan decoded this record")
-                    .0
-            });
+            let order = (segment.deadline_ms, segment.seq, routed.offset);
+            apply(
+                self.log,
+                &mut shards[shard],
+                routed,
+                location,
+                order,
+                || {
+                    record::decode(&bytes[routed.offset as usize..])
+                        .expect("the scan decoded this record")
+                        .0
+                },
+            );
         }
     }
 }
@@ -188,11 +200,18 @@ impl Worker<'_> {
 /// Makes the record at `location` the indexed state of its key unless a newer record
 /// already is. `record` decodes it again, only needed if the shard holds an entry with
 /// the same fingerprint (the same key written twice, or a fingerprint collision).
+///
+/// Newer is the higher LSN. The writer never gives two records the same LSN, but a
+/// damaged or hand-assembled directory can hold a key's record twice under one LSN (in
+/// segments of different buckets, so with different expiries): then the one later in
+/// the log's order, `order` = (bucket deadline, segment seq, offset), wins, so the
+/// answer is the same at every open whatever order the replay threads apply them in.
 fn apply<'r>(
     log: &Log,
     shard: &mut Shard,
     routed: &Routed,
     location: Location,
+    order: (u64, u64, u32),
     record: impl FnOnce() -> StoredRecord<'r>,
 ) {
     let mut existing = None;
@@ -202,21 +221,24 @@ fn apply<'r>(
     held.find(routed.hash, |candidate| {
         let ours = key.get_or_insert_with(|| (record.take().expect("decoded once"))());
         let found = log
-            .with_record(held, candidate, |_, other| {
+            .with_record(held, candidate, |segment, other| {
                 (other.namespace_id == ours.namespace_id
                     && other.placement.partition == ours.placement.partition
                     && other.id == ours.id)
-                    .then_some((other.lsn, other.state))
+                    .then(|| {
+                        let at = (segment.deadline_ms, segment.seq, candidate.offset);
+                        ((other.lsn, at), other.state)
+                    })
             })
             .ok()
             .flatten();
-        if let Some((lsn, state)) = found {
-            existing = Some((candidate, lsn, state));
+        if let Some((newest, state)) = found {
+            existing = Some((candidate, newest, state));
         }
         found.is_some()
     });
     match existing {
-        Some((_, lsn, _)) if lsn >= routed.lsn => {}
+        Some((_, newest, _)) if newest >= (routed.lsn, order) => {}
         Some((old, _, old_state)) => {
             shard.upsert(routed.hash, Some(old), location);
             shard.counts.sub(old_state);
