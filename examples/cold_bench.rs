@@ -17,7 +17,8 @@
 //! `COLD_BENCH_NO_REPLAY=1` skips the crash and the open after it; `COLD_BENCH_DUPS=n`
 //! runs n duplicates per phase instead of 2,000,000 (data larger than the page cache
 //! makes each a disk read); `COLD_BENCH_SHARDS=n` opens the store with n index shards
-//! instead of 256; `COLD_BENCH_TRACE=1` prints the cold tier's debug events (each spill
+//! instead of 256; `COLD_BENCH_FILTER_BITS=8` gives the cold filters 8-bit fingerprints
+//! instead of 16 (`cold_filter_bits`); `COLD_BENCH_TRACE=1` prints the cold tier's debug events (each spill
 //! and merge, with where its time went) with seconds since the store's first open.
 
 use std::time::{Duration, Instant};
@@ -41,6 +42,14 @@ fn shards() -> usize {
         .ok()
         .map(|v| v.parse().expect("COLD_BENCH_SHARDS: a power of two"))
         .unwrap_or(256)
+}
+
+/// The cold filters' fingerprint bits (`COLD_BENCH_FILTER_BITS`, default 16).
+fn filter_bits() -> u8 {
+    std::env::var("COLD_BENCH_FILTER_BITS")
+        .ok()
+        .map(|v| v.parse().expect("COLD_BENCH_FILTER_BITS: 8 or 16"))
+        .unwrap_or(16)
 }
 
 fn status(field: &str) -> u64 {
@@ -152,7 +161,8 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
     let open = || {
         let builder = Store::builder(dir)
             .durability(Durability::Interval(Duration::from_millis(100)))
-            .shards(shards());
+            .shards(shards())
+            .cold_filter_bits(filter_bits());
         match budget {
             Some(b) => builder.memory_budget(b).open(),
             None => builder.open(),
@@ -312,7 +322,8 @@ fn reopen_after_crash(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
     let started = Instant::now();
     let mut builder = Store::builder(dir)
         .durability(Durability::Interval(Duration::from_millis(100)))
-        .shards(256);
+        .shards(shards())
+        .cold_filter_bits(filter_bits());
     if let Some(b) = budget {
         builder = builder.memory_budget(b);
     }

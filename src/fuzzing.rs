@@ -279,6 +279,7 @@ pub fn decode_cold_index(bytes: &[u8]) -> Result<DecodedColdIndex, String> {
             decoded.header.generation,
             &decoded.sections.segments,
             &decoded.entries,
+            decoded.sections.filter.is_wide(),
         ),
     })
 }
@@ -307,7 +308,7 @@ pub fn encode_cold_index(
         })
         .collect();
     entries.sort();
-    cold_index::encode(generation, &segments, &entries)
+    cold_index::encode(generation, &segments, &entries, true)
 }
 
 /// Decodes a `COLD_STATE` file (issue 11) and encodes what it decoded again: a file

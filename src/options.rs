@@ -44,6 +44,10 @@ pub(crate) struct Options {
     /// Bytes of RAM the index may hold before the oldest buckets' entries move to
     /// the cold tier (`None`: no limit, everything stays in RAM).
     pub memory_budget: Option<u64>,
+    /// Bits of each fingerprint in a cold generation's filter: 16 (a fresh key's probe
+    /// of a generation reads a page once in 65,536) or 8 (once in 256, for half the
+    /// filter's RAM).
+    pub cold_filter_bits: u8,
 }
 
 impl Default for Options {
@@ -61,6 +65,7 @@ impl Default for Options {
             clock: Arc::new(SystemClock),
             replication: None,
             memory_budget: None,
+            cold_filter_bits: 16,
         }
     }
 }
@@ -123,6 +128,12 @@ impl Options {
             return Err(Error::invalid_option(
                 "memory_budget of 0 bytes: give at least 1 byte, or no budget for an index kept wholly in RAM",
             ));
+        }
+        if !matches!(self.cold_filter_bits, 8 | 16) {
+            return Err(Error::invalid_option(format!(
+                "cold_filter_bits of {}: the cold tier's filters have 8- or 16-bit fingerprints",
+                self.cold_filter_bits
+            )));
         }
         if let Some(replication) = &self.replication {
             if self.read_only {

@@ -81,7 +81,8 @@ pub struct ColdTierStats {
     /// Index entries in them (keys since rewritten, whose newer entry is hot or in a
     /// newer generation, included until a merge or expiry drops them).
     pub entries: u64,
-    /// RAM the generations keep: filters, page fences, segment tables, dead bits.
+    /// RAM the cold tier keeps: the generations' filters, page fences, segment tables
+    /// and dead bits, and the spilled segments' per-shard counters.
     pub ram_bytes: u64,
     /// Bytes of generation files on disk.
     pub disk_bytes: u64,

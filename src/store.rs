@@ -115,8 +115,8 @@ impl StoreBuilder {
     /// Bytes of RAM the index may use (default: no limit). While the hot index fits,
     /// nothing changes; beyond it, the background reaper moves the index entries of
     /// the oldest buckets to immutable cold index files on disk, each fronted in RAM by
-    /// a binary fuse filter and its page fences (about 1.3 bytes per cold key with the
-    /// dead bits). Lookups stay exact: a filter hit reads one page and the record, and
+    /// a binary fuse filter and its page fences (about 2.4 bytes per cold key with the
+    /// dead bits, 1.3 with `cold_filter_bits(8)`). Lookups stay exact: a filter hit reads one page and the record, and
     /// the key's bytes are compared (docs/ARCHITECTURE.md, "The cold tier"). The budget
     /// is checked each reaper round (every `bucket_width / 4`, 10 ms to 1 s), so the
     /// index can exceed it by what one round writes. A reopened store takes the
@@ -125,6 +125,19 @@ impl StoreBuilder {
     /// index from the log, then spills again.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
         self.options.memory_budget = Some(bytes);
+        self
+    }
+
+    /// Bits of each fingerprint in the filters of the cold tier's generations: 16 (the
+    /// default) or 8. A fresh key probes every generation's filter, and a false
+    /// positive reads one page of its index file, from disk once the cold files
+    /// outgrow the page cache: 16-bit fingerprints make that once in 65,536 probes
+    /// for about 2.3 bytes of RAM per cold key, 8-bit ones once in 256 for about 1.1
+    /// (docs/BENCHMARKS.md, "The cold filter's width at a billion keys"). Files
+    /// written with either width are read with either setting; a merge writes the
+    /// current one.
+    pub fn cold_filter_bits(mut self, bits: u8) -> Self {
+        self.options.cold_filter_bits = bits;
         self
     }
 

@@ -21,6 +21,7 @@
 //! walked. Without a usable `COLD_STATE` it deletes them and rebuilds the index from
 //! the log.
 
+mod counts;
 mod merge;
 mod persist;
 mod reconcile;
@@ -34,7 +35,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::format::cold_index::{self, ColdEntry, Header, PAGE_LEN, Sections};
 use crate::format::record::{State, StoredRecord};
-use crate::index::{Index, KeyHash, StateCounts};
+use crate::index::{Index, KeyHash};
 use crate::io::SegmentFile;
 use crate::log::Segment;
 
@@ -50,16 +51,10 @@ pub(crate) const GENERATIONS_MAX: usize = 8;
 /// to this bound, so the hot tier does not grow past the budget for all of it).
 pub(crate) const GENERATIONS_LIMIT: usize = 2 * GENERATIONS_MAX;
 
-/// Per shard, the keys per state whose newest entry is cold and points into one
-/// segment. The shard's own `counts` keep counting those keys (a spill moves no
-/// count, so `Stats` never sees a key twice or not at all); these say what to take
-/// out of each shard's counts when the segment's bucket expires. Changed only under
-/// the shard's lock (atomics for the shared handle), and shared by the generations
-/// that hold a row of the segment in turn (a merge hands the same counters on).
-pub(crate) type RowCounts = Box<[[AtomicU64; 6]]>;
+pub(crate) use counts::RowCounts;
 
 fn new_row_counts(shards: usize) -> Arc<RowCounts> {
-    Arc::new((0..shards).map(|_| Default::default()).collect())
+    Arc::new(RowCounts::new(shards))
 }
 
 /// A segment some of whose records' entries are cold.
@@ -216,7 +211,7 @@ impl Generation {
     /// A key of `state` in shard `shard` now has its newest entry here, in row `row`
     /// (under the shard's lock).
     fn count_add(&self, row: usize, shard: usize, state: State) {
-        self.counts[row][shard][StateCounts::index(state)].fetch_add(1, Ordering::Relaxed);
+        self.counts[row].add(shard, state);
     }
 
     /// The key of `state` in shard `shard` whose entry in row `row` was found is
@@ -226,9 +221,7 @@ impl Generation {
     /// Returns whether it was counted (false once the segment expired: its keys were
     /// taken out of the shard's counts then).
     pub(crate) fn count_sub(&self, row: usize, shard: usize, state: State) -> bool {
-        self.counts[row][shard][StateCounts::index(state)]
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
+        self.counts[row].sub(shard, state)
     }
 }
 
@@ -355,10 +348,17 @@ pub(crate) struct ColdTier {
     dir: PathBuf,
     vfs: Arc<dyn crate::io::Vfs>,
     read_only: bool,
+    /// The exact filters it writes have 16-bit fingerprints (`cold_filter_bits`).
+    wide_filters: bool,
 }
 
 impl ColdTier {
-    pub(crate) fn new(dir: PathBuf, vfs: Arc<dyn crate::io::Vfs>, read_only: bool) -> ColdTier {
+    pub(crate) fn new(
+        dir: PathBuf,
+        vfs: Arc<dyn crate::io::Vfs>,
+        read_only: bool,
+        wide_filters: bool,
+    ) -> ColdTier {
         ColdTier {
             generations: RwLock::new(Vec::new()),
             any: AtomicBool::new(false),
@@ -382,6 +382,7 @@ impl ColdTier {
             dir,
             vfs,
             read_only,
+            wide_filters,
         }
     }
 
@@ -527,8 +528,7 @@ impl ColdTier {
             for (i, shard) in index.shards().enumerate() {
                 let mut shard = shard.lock();
                 for counts in &expired {
-                    for (state, count) in State::ALL.into_iter().zip(counts[i].iter()) {
-                        let n = count.swap(0, Ordering::Relaxed);
+                    for (state, n) in State::ALL.into_iter().zip(counts.take(i)) {
                         for _ in 0..n {
                             shard.counts.sub(state);
                         }
@@ -555,6 +555,7 @@ impl ColdTier {
     }
 
     pub(crate) fn stats(&self) -> ColdStats {
+        let counts = self.counts_bytes();
         let generations = self.generations.read();
         let mut stats = ColdStats {
             generations: generations.len() as u64,
@@ -564,6 +565,7 @@ impl ColdTier {
             reused_at_open: self.reused.load(Ordering::Relaxed),
             rebuilt_at_open: self.rebuilt.load(Ordering::Relaxed),
             damaged_pages: self.damaged_pages.load(Ordering::Relaxed),
+            ram_bytes: counts,
             ..ColdStats::default()
         };
         for generation in generations.iter() {
@@ -572,11 +574,6 @@ impl ColdTier {
             stats.disk_bytes += generation.header.file_len();
         }
         stats
-    }
-
-    /// RAM the generations keep (filters, fences, segment tables).
-    pub(crate) fn ram_bytes(&self) -> u64 {
-        self.generations.read().iter().map(|g| g.ram_bytes()).sum()
     }
 
     /// No spill or merge runs, and no cold state is written but close's, after this

@@ -238,9 +238,9 @@ impl ColdTier {
     pub(crate) fn cold_counts(&self, shards: usize) -> Vec<[u64; STATES]> {
         let mut out = vec![[0u64; STATES]; shards];
         for segment in self.spilled.lock().values() {
-            for (total, row) in out.iter_mut().zip(segment.counts.iter()) {
-                for (total, count) in total.iter_mut().zip(row) {
-                    *total += count.load(Ordering::Relaxed);
+            for (shard, total) in out.iter_mut().enumerate() {
+                for (total, count) in total.iter_mut().zip(segment.counts.get(shard)) {
+                    *total += count;
                 }
             }
         }
@@ -294,10 +294,8 @@ impl ColdTier {
                     seq,
                     deadline_ms: s.deadline_ms,
                     covered_len: s.covered_len,
-                    counts: s
-                        .counts
-                        .iter()
-                        .map(|row| std::array::from_fn(|i| row[i].load(Ordering::Relaxed)))
+                    counts: (0..index.shard_count())
+                        .map(|shard| s.counts.get(shard))
                         .collect(),
                 })
                 .collect();
@@ -454,9 +452,7 @@ impl ColdTier {
                 }
                 let mut row = *row;
                 row[released] += std::mem::take(&mut row[in_progress]);
-                for (counter, n) in counts[shard].iter().zip(row) {
-                    counter.store(n, Ordering::Relaxed);
-                }
+                counts.set(shard, row);
             }
             spilled.insert(
                 segment.seq,

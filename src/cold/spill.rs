@@ -347,7 +347,7 @@ impl ColdTier {
                 .map_err(|e| Error::io(OP, &temp, e))?;
             file.set_len(0).map_err(|e| Error::io(OP, &temp, e))?;
             let sink = |at: u64, bytes: &[u8]| file.write_at(at, bytes);
-            let mut writer = ColdWriter::new(sink, cold_index::PART_KEYS);
+            let mut writer = ColdWriter::new(sink, cold_index::PART_KEYS, self.wide_filters);
             fill(&mut |entry| writer.push(entry).map_err(|e| Error::io(OP, &temp, e)))?;
             let done = writer
                 .finish(number, rows)

@@ -449,7 +449,12 @@ fn recover_index(
         options.read_only,
         reuse_cold,
     )?;
-    let cold = crate::cold::ColdTier::new(dir.to_path_buf(), Arc::clone(vfs), options.read_only);
+    let cold = crate::cold::ColdTier::new(
+        dir.to_path_buf(),
+        Arc::clone(vfs),
+        options.read_only,
+        options.cold_filter_bits == 16,
+    );
     let started = std::time::Instant::now();
     let (kept, open_counters) = match recovery.cold.take() {
         Some(reused) => {

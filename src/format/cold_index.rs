@@ -544,8 +544,8 @@ pub(crate) fn decode_file(bytes: &[u8]) -> Result<Decoded, ColdError> {
             .map(|e| e.key_hash)
             .collect()
     };
-    if !sections.filter.is_built_from(&hashes(false), false)
-        || !sections.trusted.is_built_from(&hashes(true), true)
+    if !sections.filter.is_built_from(&hashes(false))
+        || !sections.trusted.is_built_from(&hashes(true))
     {
         return Err(ColdError::Invalid(
             "cold index filter is not its entries' filter",

@@ -221,6 +221,11 @@ impl FilterParts {
         self.parts.is_empty()
     }
 
+    /// Whether its parts have 16-bit fingerprints (a section never mixes widths).
+    pub(crate) fn is_wide(&self) -> bool {
+        self.parts.iter().any(|p| p.kind() == 2)
+    }
+
     /// For a trusted filter: true only if a part with 16-bit fingerprints says "may
     /// contain" (a part that holds everything, because its filter could not be built,
     /// never answers for sure: an approximate lookup falls through to the exact one).
@@ -275,10 +280,11 @@ impl FilterParts {
         }
     }
 
-    /// Whether these are the parts `sorted` hashes make, split where these split (a
-    /// whole-file check: a filter that misses an entry would take a duplicate for a
-    /// fresh key, whatever its checksum says).
-    pub(crate) fn is_built_from(&self, sorted: &[u64], wide: bool) -> bool {
+    /// Whether these are the parts `sorted` hashes make, split where these split, each
+    /// part rebuilt at its own fingerprint width (a whole-file check: a filter that
+    /// misses an entry would take a duplicate for a fresh key, whatever its checksum
+    /// says).
+    pub(crate) fn is_built_from(&self, sorted: &[u64]) -> bool {
         if sorted.first() != self.firsts.first() {
             return false;
         }
@@ -288,7 +294,7 @@ impl FilterParts {
                 .firsts
                 .get(i + 1)
                 .map_or(rest.len(), |&next| rest.partition_point(|&h| h < next));
-            let rebuilt = ColdFilter::build(&rest[..end], wide);
+            let rebuilt = ColdFilter::build(&rest[..end], part.kind() == 2);
             if rest.first() != Some(&self.firsts[i]) || rebuilt != *part {
                 return false;
             }
@@ -298,10 +304,10 @@ impl FilterParts {
     }
 
     /// The parts from their section; `None` unless every part decodes, is of a kind
-    /// the section may hold (`wide`: the trusted filter's, 16-bit fingerprints or
-    /// none; otherwise 8-bit or none), the first hashes ascend strictly and the section
-    /// ends with the last part.
-    pub(crate) fn decode(bytes: &[u8], wide: bool) -> Option<FilterParts> {
+    /// the section may hold (`trusted`: the trusted filter's, 16-bit fingerprints or
+    /// none; the exact filter's: 8-bit, 16-bit or none), the first hashes ascend
+    /// strictly and the section ends with the last part.
+    pub(crate) fn decode(bytes: &[u8], trusted: bool) -> Option<FilterParts> {
         if bytes.len() < 4 {
             return None;
         }
@@ -310,6 +316,7 @@ impl FilterParts {
             return None;
         }
         let (mut firsts, mut parts) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        let mut width = None;
         let mut at = 4;
         for _ in 0..count {
             let head = bytes.get(at..at + PART_HEADER_LEN)?;
@@ -319,7 +326,7 @@ impl FilterParts {
             }
             at += PART_HEADER_LEN;
             let body = bytes.get(at..at.checked_add(len)?)?;
-            if kind != 0 && (kind == 2) != wide {
+            if trusted && kind == 1 || kind != 0 && *width.get_or_insert(kind) != kind {
                 return None;
             }
             parts.push(ColdFilter::decode(kind, body)?);
@@ -477,6 +484,39 @@ mod tests {
             .iter()
             .filter(|&&k| other.may_contain(k))
             .count();
+    }
+
+    /// The exact filter's section holds 8- or 16-bit parts, never both; the trusted
+    /// filter's only 16-bit ones. Each is checked against its entries at its width.
+    #[test]
+    fn a_section_is_one_width_and_checked_at_it() {
+        let keys = hashes(3_000, 8);
+        let encoded = |parts: &FilterParts| {
+            let mut bytes = Vec::new();
+            parts.encode(|piece| bytes.extend_from_slice(piece));
+            bytes
+        };
+        for wide in [false, true] {
+            let parts = FilterParts::build(&keys, 1_000, wide);
+            assert_eq!(parts.is_wide(), wide);
+            let bytes = encoded(&parts);
+            assert_eq!(FilterParts::decode(&bytes, false), Some(parts.clone()));
+            assert_eq!(FilterParts::decode(&bytes, true).is_some(), wide);
+            assert!(parts.is_built_from(&keys));
+            assert!(!parts.is_built_from(&keys[1..]));
+        }
+        let narrow = FilterParts::build(&keys, 1_000, false);
+        let wide = FilterParts::build(&keys, 1_000, true);
+        let mixed = FilterParts {
+            firsts: narrow.firsts.clone(),
+            parts: vec![
+                narrow.parts[0].clone(),
+                wide.parts[1].clone(),
+                narrow.parts[2].clone(),
+            ],
+        };
+        assert!(mixed.is_built_from(&keys), "each part is its keys' own");
+        assert_eq!(FilterParts::decode(&encoded(&mixed), false), None);
     }
 
     #[test]

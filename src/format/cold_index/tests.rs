@@ -64,9 +64,12 @@ fn find_in(bytes: &[u8], opened: &Opened, key_hash: u64) -> Vec<ColdEntry> {
 
 #[test]
 fn a_file_round_trips_and_every_key_is_found_through_filter_and_fences() {
-    for n in [1, 254, 255, 256, 1_000, 20_000] {
+    for (n, wide) in [1, 254, 255, 256, 1_000, 20_000]
+        .into_iter()
+        .flat_map(|n| [(n, false), (n, true)])
+    {
         let written = entries(n, 1);
-        let bytes = encode(5, &SEGMENTS, &written);
+        let bytes = encode(5, &SEGMENTS, &written, wide);
         let opened = open(&bytes).unwrap();
         assert_eq!(opened.header.generation, 5);
         assert_eq!(opened.header.entry_count, n as u64);
@@ -74,6 +77,8 @@ fn a_file_round_trips_and_every_key_is_found_through_filter_and_fences() {
         let decoded = decode_file(&bytes).unwrap();
         assert_eq!(decoded.entries, written);
         assert_eq!(decoded.sections, opened.sections);
+        // (With one key, the only entry is trusted: the exact filter has no part.)
+        assert_eq!(decoded.sections.filter.is_wide(), wide && n > 1, "{n}");
         for entry in &written {
             assert!(opened.sections.may_contain(entry.key_hash));
             assert!(
@@ -95,7 +100,7 @@ fn a_filter_in_parts_finds_every_key_and_is_checked_part_by_part() {
         entry.key_hash = written_hash(999);
     }
     written.sort();
-    let bytes = encode_in_parts(3, &SEGMENTS, &written, 1_000);
+    let bytes = encode_in_parts(3, &SEGMENTS, &written, 1_000, true);
     let opened = open(&bytes).unwrap();
     let decoded = decode_file(&bytes).unwrap();
     assert_eq!(decoded.entries, written);
@@ -104,7 +109,7 @@ fn a_filter_in_parts_finds_every_key_and_is_checked_part_by_part() {
         assert!(find_in(&bytes, &opened, entry.key_hash).contains(entry));
     }
     assert!(!opened.sections.may_contain(0), "below the first part");
-    let other = encode_in_parts(3, &SEGMENTS, &entries(5_000, 7), 1_000);
+    let other = encode_in_parts(3, &SEGMENTS, &entries(5_000, 7), 1_000, true);
     assert_eq!(other.len(), bytes.len());
     let header = opened.header;
     let start = header.sections_offset() as usize + SEGMENTS.len() * 24 + 8;
@@ -138,7 +143,7 @@ fn equal_hashes_across_a_page_boundary_are_all_found() {
         entry.field = i as u32;
     }
     written.sort();
-    let bytes = encode(1, &SEGMENTS, &written);
+    let bytes = encode(1, &SEGMENTS, &written, true);
     let opened = open(&bytes).unwrap();
     let found = find_in(&bytes, &opened, 1 << 40);
     assert_eq!(found.len(), 300);
@@ -149,7 +154,7 @@ fn equal_hashes_across_a_page_boundary_are_all_found() {
 
 #[test]
 fn every_flipped_bit_of_the_header_and_sections_is_refused() {
-    let bytes = encode(3, &SEGMENTS, &entries(700, 3));
+    let bytes = encode(3, &SEGMENTS, &entries(700, 3), true);
     let header = decode_header(&bytes).unwrap();
     let sections_at = header.sections_offset() as usize;
     let covered = (0..HEADER_LEN).chain(sections_at..bytes.len());
@@ -167,7 +172,7 @@ fn every_flipped_bit_of_the_header_and_sections_is_refused() {
 
 #[test]
 fn every_flipped_bit_of_a_page_is_refused_when_the_page_is_read() {
-    let bytes = encode(3, &SEGMENTS, &entries(300, 4));
+    let bytes = encode(3, &SEGMENTS, &entries(300, 4), true);
     let opened = open(&bytes).unwrap();
     for page in 0..opened.header.page_count {
         let start = opened.header.page_offset(page) as usize;
@@ -190,7 +195,7 @@ fn every_flipped_bit_of_a_page_is_refused_when_the_page_is_read() {
 
 #[test]
 fn truncations_and_extensions_are_refused() {
-    let bytes = encode(3, &SEGMENTS, &entries(300, 5));
+    let bytes = encode(3, &SEGMENTS, &entries(300, 5), true);
     for len in [
         0,
         10,
@@ -214,7 +219,7 @@ fn truncations_and_extensions_are_refused() {
 #[test]
 fn a_filter_with_a_valid_checksum_that_is_not_the_entries_is_refused_by_a_whole_decode() {
     let written = entries(2_000, 7);
-    let mut bytes = encode(3, &SEGMENTS, &written);
+    let mut bytes = encode(3, &SEGMENTS, &written, true);
     let header = decode_header(&bytes).unwrap();
     // The filter section follows the segment table and its checksum.
     let start = header.sections_offset() as usize + SEGMENTS.len() * SEGMENT_LEN + 8;
@@ -233,7 +238,7 @@ fn a_filter_with_a_valid_checksum_that_is_not_the_entries_is_refused_by_a_whole_
 #[test]
 fn a_page_with_a_checksum_that_matches_but_wrong_contents_is_refused() {
     let written = entries(600, 6);
-    let bytes = encode(3, &SEGMENTS, &written);
+    let bytes = encode(3, &SEGMENTS, &written, true);
     let opened = open(&bytes).unwrap();
     type Damage = fn(&mut [ColdEntry]);
     let cases: [(&str, Damage); 3] = [
@@ -291,7 +296,7 @@ fn the_in_place_page_search_finds_what_the_decoding_find_finds() {
         entry.field = i as u32;
     }
     written.sort();
-    let bytes = encode(1, &SEGMENTS, &written);
+    let bytes = encode(1, &SEGMENTS, &written, true);
     let opened = open(&bytes).unwrap();
     let mut probes: Vec<u64> = written.iter().map(|e| e.key_hash).collect();
     probes.extend((0..2_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
@@ -323,7 +328,7 @@ fn the_in_place_page_search_finds_what_the_decoding_find_finds() {
 #[test]
 fn the_in_place_page_search_refuses_a_damaged_page() {
     let written = entries(600, 4);
-    let bytes = encode(1, &SEGMENTS, &written);
+    let bytes = encode(1, &SEGMENTS, &written, true);
     let opened = open(&bytes).unwrap();
     let target = written[10].key_hash;
     for byte in [0, 7, 100, 4079, 4080, 4090] {

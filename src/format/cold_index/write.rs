@@ -30,15 +30,16 @@ pub(crate) struct ColdWriter<S: FnMut(u64, &[u8]) -> io::Result<()>> {
 }
 
 impl<S: FnMut(u64, &[u8]) -> io::Result<()>> ColdWriter<S> {
-    /// A writer whose filter is built in parts of `part_keys` distinct hashes.
-    pub(crate) fn new(sink: S, part_keys: usize) -> ColdWriter<S> {
+    /// A writer whose filter is built in parts of `part_keys` distinct hashes, with
+    /// 16-bit fingerprints if `wide` (the trusted filter's are always 16-bit).
+    pub(crate) fn new(sink: S, part_keys: usize, wide: bool) -> ColdWriter<S> {
         ColdWriter {
             sink,
             page: Vec::with_capacity(PAGE_ENTRIES),
             pages: 0,
             entries: 0,
             fences: Vec::new(),
-            filter: FilterBuilder::new(part_keys, false),
+            filter: FilterBuilder::new(part_keys, wide),
             trusted: FilterBuilder::new(part_keys, true),
             chunk: Vec::with_capacity(WRITE_CHUNK),
             chunk_at: PAGE_LEN as u64,
@@ -211,9 +212,15 @@ fn write_out(
 }
 
 /// Encodes a whole file in memory. `entries` must be sorted by key hash (then
-/// anything), every `segment` a position in `segments`; neither may be empty.
-pub(crate) fn encode(generation: u64, segments: &[ColdSegment], entries: &[ColdEntry]) -> Vec<u8> {
-    encode_in_parts(generation, segments, entries, super::PART_KEYS)
+/// anything), every `segment` a position in `segments`; neither may be empty. The
+/// exact filter has 16-bit fingerprints if `wide`.
+pub(crate) fn encode(
+    generation: u64,
+    segments: &[ColdSegment],
+    entries: &[ColdEntry],
+    wide: bool,
+) -> Vec<u8> {
+    encode_in_parts(generation, segments, entries, super::PART_KEYS, wide)
 }
 
 /// [`encode`] with filter parts of `part_keys` distinct hashes.
@@ -222,6 +229,7 @@ pub(crate) fn encode_in_parts(
     segments: &[ColdSegment],
     entries: &[ColdEntry],
     part_keys: usize,
+    wide: bool,
 ) -> Vec<u8> {
     assert!(!segments.is_empty() && !entries.is_empty());
     debug_assert!(
@@ -238,7 +246,7 @@ pub(crate) fn encode_in_parts(
         out[at..at + bytes.len()].copy_from_slice(bytes);
         Ok(())
     };
-    let mut writer = ColdWriter::new(sink, part_keys);
+    let mut writer = ColdWriter::new(sink, part_keys, wide);
     for &entry in entries {
         writer.push(entry).expect("writing to memory");
     }
