@@ -41,6 +41,7 @@ use crate::log::Segment;
 
 pub(crate) use merge::read_pages_ahead;
 pub(crate) use persist::{Reused, load};
+pub(crate) use spill::release_free_memory;
 
 /// Beyond this many generations, the two adjacent generations with the fewest entries
 /// between them are merged (by the merger thread, or inline by `expire_now`).

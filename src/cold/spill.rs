@@ -9,11 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ColdTier, GENERATIONS_LIMIT, GENERATIONS_MAX, Generation, RowCounts, SpilledSegment};
 use crate::addr::Location;
+use crate::addr::Lsn;
 use crate::error::Error;
 use crate::format::cold_index::{self, ColdEntry, ColdSegment, ColdWriter};
 use crate::format::record::State;
 use crate::format::segment_header;
-use crate::index::{Index, KeyHash, StateCounts};
+use crate::index::{Index, KeyHash, Shard, StateCounts};
 use crate::io::Vfs;
 use crate::log::{Log, Segment, reader};
 
@@ -36,6 +37,35 @@ const _: () = assert!(
     (STATE_MASK << STATE_SHIFT) & cold_index::TRUSTED_BIT == 0
         && crate::format::record::State::ALL.len() <= 8
 );
+
+/// While a spill collects entries, bit 30 of the offset field marks one whose key's
+/// hot entry points elsewhere (not collected after all).
+const GONE: u32 = 1 << 30;
+const _: () = assert!(GONE & (cold_index::TRUSTED_BIT | (STATE_MASK << STATE_SHIFT)) == 0);
+
+/// Most entries a spill handles under one taking of a shard's lock: writers of that
+/// shard wait for at most this many lookups.
+const LOCK_RUN: usize = 256;
+
+/// Calls `f` with each entry, its shard locked and that shard's number. `entries` go
+/// in their order; a shard's lock is taken once per run of up to [`LOCK_RUN`]
+/// consecutive entries of that shard.
+fn for_each_locked(
+    index: &Index,
+    entries: &mut [ColdEntry],
+    mut f: impl FnMut(&mut Shard, usize, &mut ColdEntry),
+) {
+    let mut at = 0;
+    while at < entries.len() {
+        let number = index.shard_of(KeyHash(entries[at].key_hash));
+        let mut shard = index.lock_at(number);
+        let end = entries.len().min(at + LOCK_RUN);
+        while at < end && index.shard_of(KeyHash(entries[at].key_hash)) == number {
+            f(&mut shard, number, &mut entries[at]);
+            at += 1;
+        }
+    }
+}
 
 impl ColdTier {
     /// Spills the oldest buckets not spilled yet (deadline order) while the hot tables
@@ -165,6 +195,12 @@ impl ColdTier {
     /// length snapshotted: collects every hot entry that points at one of those
     /// records, writes the generation, publishes it, then removes each collected entry
     /// that still points where it did.
+    ///
+    /// The records are decoded and hashed first, with no lock; the lookups and then
+    /// the removals go in the tables' memory order (`Index::probe_order`), each shard
+    /// locked once per run of up to [`LOCK_RUN`] keys. In the walk's order every
+    /// lookup was a cache miss in tables of hundreds of megabytes (and a lock), and so
+    /// was every removal in the file's hash order.
     fn spill(
         &self,
         log: &Log,
@@ -175,7 +211,10 @@ impl ColdTier {
         // No cold state copies a spill half done, and no merge publishes meanwhile.
         let _publishing = self.publishing.lock();
         let started = std::time::Instant::now();
-        let mut entries: Vec<ColdEntry> = Vec::new();
+        let mut collected: Vec<ColdEntry> = Vec::new();
+        // The lsn of each claim in progress: whether it is this process's or a dead
+        // one's (released) depends on its shard.
+        let mut claims: HashMap<(u32, u32), Lsn> = HashMap::new();
         let mut offsets: HashMap<(u32, u32), u64> = HashMap::new();
         let trusted = self.trusted_namespaces.read().clone();
         for (row, (segment, from, covered)) in segments.iter().enumerate() {
@@ -192,24 +231,38 @@ impl ColdTier {
                     *highest = (*highest).max(source);
                 }
                 let hash = KeyHash::of_record(&record);
-                let location = Location {
-                    slot: segment.slot,
-                    offset: offset as u32,
-                };
-                let shard = index.lock(hash);
-                if shard.find(hash, |at| at == location).is_some() {
-                    let state = shard.effective_state(record.state, record.lsn);
-                    // Only marks: a claim's or a tombstone's state is not a filter's to
-                    // answer.
-                    let trusted = !trusted.is_empty()
-                        && state == State::Seen
-                        && trusted.contains(&record.namespace_id);
-                    let mut entry = ColdEntry::new(hash.0, row as u32, offset as u32, trusted);
-                    entry.field |= (StateCounts::index(state) as u32) << STATE_SHIFT;
-                    entries.push(entry);
+                // Only marks: a claim's or a tombstone's state is not a filter's to
+                // answer (and a mark's state is what it says, whatever its shard).
+                let trusted = !trusted.is_empty()
+                    && record.state == State::Seen
+                    && trusted.contains(&record.namespace_id);
+                let mut entry = ColdEntry::new(hash.0, row as u32, offset as u32, trusted);
+                entry.field |= (StateCounts::index(record.state) as u32) << STATE_SHIFT;
+                if record.state == State::InProgress {
+                    claims.insert((row as u32, offset as u32), record.lsn);
                 }
+                collected.push(entry);
             });
         }
+        let decoded = started.elapsed();
+        // In the tables' order: the entries still hot, with their states as they stand.
+        let masks = index.probe_masks();
+        collected.sort_unstable_by_key(|e| index.probe_order(KeyHash(e.key_hash), &masks));
+        for_each_locked(index, &mut collected, |shard, _, e| {
+            let location = Location {
+                slot: segments[e.segment as usize].0.slot,
+                offset: e.offset(),
+            };
+            if shard.find(KeyHash(e.key_hash), |l| l == location).is_none() {
+                e.field |= GONE;
+            } else if let Some(&lsn) = claims.get(&(e.segment, e.offset())) {
+                let state = shard.effective_state(State::InProgress, lsn);
+                e.field &= !(STATE_MASK << STATE_SHIFT);
+                e.field |= (StateCounts::index(state) as u32) << STATE_SHIFT;
+            }
+        });
+        collected.retain(|e| e.field & GONE == 0);
+        let mut live = collected;
         {
             let mut covered = self.covered_offsets.lock();
             for (key, offset) in offsets {
@@ -234,7 +287,7 @@ impl ColdTier {
                 })
                 .collect()
         };
-        if entries.is_empty() {
+        if live.is_empty() {
             let mut spilled = self.spilled.lock();
             for (segment, _, covered) in segments {
                 if let Some(entry) = spilled.get_mut(&segment.seq) {
@@ -252,17 +305,17 @@ impl ColdTier {
             })
             .collect();
         let walked = started.elapsed();
-        // Sorted as the file holds them (by hash): an entry's position is its index here.
-        entries.sort_unstable();
-        let sorted = started.elapsed();
-        let states: Vec<u8> = entries
-            .iter_mut()
-            .map(|e| {
-                let state = ((e.field >> STATE_SHIFT) & STATE_MASK) as u8;
-                e.field &= !(STATE_MASK << STATE_SHIFT);
-                state
+        // Sorted as the file holds them (by hash), without the states: an entry's
+        // position is its index here.
+        let mut entries: Vec<ColdEntry> = live
+            .iter()
+            .map(|e| ColdEntry {
+                field: e.field & !(STATE_MASK << STATE_SHIFT),
+                ..*e
             })
             .collect();
+        entries.sort_unstable();
+        let sorted = started.elapsed();
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let generation = self
             .write(
@@ -290,21 +343,29 @@ impl ColdTier {
             }
         }
         let mut moved = 0;
-        for (position, (e, &state)) in entries.iter().zip(&states).enumerate() {
+        let mut rewritten = Vec::new();
+        for_each_locked(index, &mut live, |shard, number, e| {
             let location = Location {
                 slot: segments[e.segment as usize].0.slot,
                 offset: e.offset(),
             };
-            let hash = KeyHash(e.key_hash);
-            let mut shard = index.lock(hash);
-            if shard.remove_at(hash, location) {
-                let state = State::ALL[state as usize];
-                generation.count_add(e.segment as usize, index.shard_of(hash), state);
+            let state = State::ALL[((e.field >> STATE_SHIFT) & STATE_MASK) as usize];
+            if shard.remove_at(KeyHash(e.key_hash), location) {
+                generation.count_add(e.segment as usize, number, state);
                 moved += 1;
             } else {
                 // Written again meanwhile: the hot entry is newer.
-                generation.kill(position as u64, e.trusted());
+                rewritten.push(ColdEntry {
+                    field: e.field & !(STATE_MASK << STATE_SHIFT),
+                    ..*e
+                });
             }
+        });
+        for e in rewritten {
+            let position = entries
+                .binary_search(&e)
+                .expect("every collected entry was written");
+            generation.kill(position as u64, e.trusted());
         }
         self.spills.fetch_add(1, Ordering::Relaxed);
         self.spilled_keys.fetch_add(moved, Ordering::Relaxed);
@@ -314,7 +375,8 @@ impl ColdTier {
             generation = number,
             entries = entries.len(),
             moved,
-            walk_ms = walked.as_millis() as u64,
+            walk_ms = decoded.as_millis() as u64,
+            lookup_ms = (walked - decoded).as_millis() as u64,
             sort_ms = (sorted - walked).as_millis() as u64,
             write_ms = (written - sorted).as_millis() as u64,
             remove_ms = (started.elapsed() - written).as_millis() as u64,
@@ -426,7 +488,7 @@ fn live_buckets_after(log: &Log, now_ms: u64) -> Vec<Vec<(Arc<Segment>, u64)>> {
 /// filters they kept, and glibc returns heap memory only from its top unless asked
 /// (measured: 5.1–5.9 B/key of anonymous RSS after spilling 20M keys without this,
 /// against 1.28 B/key the tier keeps).
-fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free pages of the allocator's own arenas to the
     // system; it touches no allocation in use and has no precondition.

@@ -486,6 +486,11 @@ fn recover_index(
             Err(e) => return Ok(Err(e)),
         }
     }
+    if !cold.is_empty() {
+        // Taking the generations over decoded each file's sections and the cold state
+        // into buffers now freed: give their pages back, as a spill does.
+        crate::cold::release_free_memory();
+    }
     Ok(Ok(Recovered {
         log,
         index,

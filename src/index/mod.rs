@@ -221,6 +221,17 @@ impl Shard {
         self.table.shrink_to_fit(|e| table_hash(e.fingerprint()));
     }
 
+    /// The table's bucket mask: a probe for `hash` starts at bucket
+    /// `table_hash(fingerprint) & mask` (hashbrown's layout, derived from its capacity,
+    /// which is 7/8 of the buckets from 8 buckets up and one less below; only the
+    /// order of `Index::probe_order` rests on it, never an answer).
+    fn bucket_mask(&self) -> usize {
+        match self.table.capacity() {
+            small @ 0..8 => small,
+            capacity => (capacity / 7 * 8).next_power_of_two() - 1,
+        }
+    }
+
     /// Memory held by the table, in bytes.
     pub(crate) fn allocation_size(&self) -> usize {
         self.table.allocation_size()
@@ -314,6 +325,24 @@ impl Index {
         self.shards[hash.shard(self.mask)].lock()
     }
 
+    /// Each shard's bucket mask now, for [`Index::probe_order`].
+    pub(crate) fn probe_masks(&self) -> Vec<usize> {
+        self.shards()
+            .map(|shard| shard.lock().bucket_mask())
+            .collect()
+    }
+
+    /// A sort key that visits the tables in memory order: the shard, then the bucket
+    /// where a probe for `hash` starts (`masks` from [`Index::probe_masks`]; a table
+    /// that grew or shrank since only makes the order less sequential). Work on many
+    /// keys (a spill's lookups and removals) sorted by it reads each table front to
+    /// back instead of missing the cache on every key.
+    pub(crate) fn probe_order(&self, hash: KeyHash, masks: &[usize]) -> u64 {
+        let shard = hash.shard(self.mask);
+        let start = table_hash(hash.fingerprint()) as usize & masks[shard];
+        (shard as u64) << 40 | (start as u64 & ((1 << 40) - 1))
+    }
+
     pub(crate) fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
         self.shards.iter().map(|shard| &**shard)
     }
@@ -405,6 +434,29 @@ mod tests {
         let entry = Entry::new(FINGERPRINT_MASK as u32, location);
         assert_eq!(entry.fingerprint(), FINGERPRINT_MASK as u32);
         assert_eq!(entry.location(), location);
+    }
+
+    /// The bucket mask `probe_order` derives from the capacity is the table's own: the
+    /// allocation is that many 8-byte entries and control bytes, plus one SSE2 group
+    /// of control bytes (x86-64's layout; elsewhere hashbrown's group may be narrower).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_bucket_mask_is_the_tables_own() {
+        let index = Index::new(1);
+        let mut shard = index.lock_at(0);
+        assert_eq!(shard.bucket_mask(), 0, "an empty table");
+        for n in 1..5_000u32 {
+            let location = Location {
+                slot: SegmentSlot(1),
+                offset: n,
+            };
+            shard.upsert(KeyHash(u64::from(n) * 0x9E37_79B9), None, location);
+            if n.is_power_of_two() || n % 97 == 0 {
+                let buckets = shard.bucket_mask() + 1;
+                assert!(buckets.is_power_of_two(), "{n}");
+                assert_eq!(shard.allocation_size(), buckets * 9 + 16, "{n} entries");
+            }
+        }
     }
 
     #[test]
