@@ -348,7 +348,14 @@ pub fn cold_state_seed() -> Vec<u8> {
             seq: 5,
             deadline_ms: 1_700_000_060_000,
             covered_len: 8192,
-            counts: vec![[100, 1, 2, 3, 4, 5], [90, 0, 0, 7, 0, 1]],
+            rows: [
+                Some(vec![100, 90]),
+                Some(vec![1, 0]),
+                None,
+                Some(vec![3, 7]),
+                Some(vec![4, 0]),
+                Some(vec![5, 1]),
+            ],
         }],
         partitions: vec![PartitionOffset {
             namespace_id: 1,

@@ -87,6 +87,16 @@ impl RowCounts {
         })
     }
 
+    /// Its rows as a cold state holds them: per state, one count per shard, or `None`
+    /// where none was ever counted.
+    pub(crate) fn rows(&self) -> [Option<Vec<u32>>; STATES] {
+        std::array::from_fn(|i| {
+            self.by_state[i]
+                .get()
+                .map(|row| row.iter().map(|n| n.load(Ordering::Relaxed)).collect())
+        })
+    }
+
     /// Bytes of RAM its counters take.
     pub(crate) fn bytes(&self) -> usize {
         self.by_state.iter().filter(|r| r.get().is_some()).count() * self.shards * 4

@@ -294,9 +294,7 @@ impl ColdTier {
                     seq,
                     deadline_ms: s.deadline_ms,
                     covered_len: s.covered_len,
-                    counts: (0..index.shard_count())
-                        .map(|shard| s.counts.get(shard))
-                        .collect(),
+                    rows: s.counts.rows(),
                 })
                 .collect();
             segments.sort_by_key(|s| s.seq);
@@ -443,14 +441,19 @@ impl ColdTier {
                 continue;
             }
             let counts = super::new_row_counts(shards);
-            for (shard, row) in segment.counts.iter().enumerate() {
+            for shard in 0..shards {
+                let mut row: [u64; STATES] = std::array::from_fn(|i| {
+                    segment.rows[i].as_ref().map_or(0, |r| u64::from(r[shard]))
+                });
+                if row == [0; STATES] {
+                    continue;
+                }
                 // The shard's counts get them as they were (`finish_recovery` moves
                 // and counts the claims); the segment's counters as they are now.
                 let mut guard = index.lock_at(shard);
-                for (total, &n) in guard.counts.counts.iter_mut().zip(row) {
+                for (total, &n) in guard.counts.counts.iter_mut().zip(&row) {
                     *total += n;
                 }
-                let mut row = *row;
                 row[released] += std::mem::take(&mut row[in_progress]);
                 counts.set(shard, row);
             }

@@ -8,7 +8,7 @@
 //! header (80 bytes)
 //! offset size field
 //! 0      8    magic             b"IDEMCST\0"
-//! 8      4    version           2
+//! 8      4    version           3
 //! 12     4    header_len        80
 //! 16     4    shard_count       the store's shard count when it was written
 //! 20     4    generation_count  generation blocks that follow
@@ -40,11 +40,14 @@
 //! 0      8    segment_seq
 //! 8      8    bucket_deadline   unix ms
 //! 16     8    covered_len       its records before this offset were walked by a spill
-//! 24     48s  counts            per shard (s = shard_count), 6 x u64: the keys whose
-//!                               newest entry is cold and points into this segment, by
-//!                               state (mark, in progress, released, completed, failed,
-//!                               tombstone)
-//! 24+48s 8    checksum          xxh3-64 of the block's bytes 0..24+48s
+//! 24     8    states            bit i (i < 6) set: state i has a row below (states in
+//!                               the order mark, in progress, released, completed,
+//!                               failed, tombstone); other bits zero
+//! 32     4sk  rows              k = the bits set, s = shard_count: per state set, in
+//!                               that order, one u32 per shard: the keys of that state
+//!                               whose newest entry is cold and points into this
+//!                               segment (a state without a row: none in any shard)
+//! 32+4sk 8    checksum          xxh3-64 of the block's bytes 0..32+4sk
 //!
 //! partition block (always present), p = partition_count entries, sorted and distinct
 //! 0      16p  entries           namespace_id u32, partition u32, highest_offset u64:
@@ -65,7 +68,7 @@
 use super::{read_u32, read_u64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMCST\0";
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 pub(crate) const HEADER_LEN: usize = 80;
 /// States a key is counted in (`index::StateCounts`).
 pub(crate) const STATES: usize = 6;
@@ -87,8 +90,9 @@ pub(crate) struct SegmentState {
     pub seq: u64,
     pub deadline_ms: u64,
     pub covered_len: u64,
-    /// Per shard, per state.
-    pub counts: Vec<[u64; STATES]>,
+    /// Per state (`StateCounts::index` order), one count per shard, or `None` where no
+    /// shard has one.
+    pub rows: [Option<Vec<u32>>; STATES],
 }
 
 /// The highest source offset of one partition among the records spills walked.
@@ -121,7 +125,7 @@ fn checksum(bytes: &[u8]) -> u64 {
 }
 
 /// Encodes `state`: every generation's `dead` sorted by index, each index below
-/// `ceil(entry_count / 64)`, each word non-zero; every segment's `counts` one row per
+/// `ceil(entry_count / 64)`, each word non-zero; every segment's rows one count per
 /// shard; `partitions` sorted and distinct.
 pub(crate) fn encode(state: &ColdState) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN];
@@ -144,13 +148,17 @@ pub(crate) fn encode(state: &ColdState) -> Vec<u8> {
         out.extend_from_slice(&sum.to_le_bytes());
     }
     for segment in &state.segments {
-        assert_eq!(segment.counts.len(), state.shard_count as usize);
         let start = out.len();
         out.extend_from_slice(&segment.seq.to_le_bytes());
         out.extend_from_slice(&segment.deadline_ms.to_le_bytes());
         out.extend_from_slice(&segment.covered_len.to_le_bytes());
-        for shard in &segment.counts {
-            for count in shard {
+        let states = (0..STATES)
+            .filter(|&i| segment.rows[i].is_some())
+            .fold(0u64, |bits, i| bits | 1 << i);
+        out.extend_from_slice(&states.to_le_bytes());
+        for row in segment.rows.iter().flatten() {
+            assert_eq!(row.len(), state.shard_count as usize);
+            for count in row {
                 out.extend_from_slice(&count.to_le_bytes());
             }
         }
@@ -227,6 +235,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
         return Err("cold state length disagrees with its header");
     }
     let shard_count = read_u32(bytes, 16);
+    if shard_count == 0 {
+        return Err("cold state header fields out of range");
+    }
     let generation_count = read_u32(bytes, 20) as usize;
     let segment_count = read_u32(bytes, 24) as usize;
     let partition_count = read_u32(bytes, 28) as u64;
@@ -248,7 +259,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
         }
         let entry_count = read_u64(bytes, at + 8);
         let dead_count = read_u64(bytes, at + 24);
-        let body = block(bytes, &mut at, 32, dead_count.saturating_mul(2))?;
+        let body = block(bytes, &mut at, 32, dead_count.saturating_mul(16))?;
         let words = entry_count.div_ceil(64);
         let dead: Vec<(u64, u64)> = body[32..]
             .chunks_exact(16)
@@ -268,18 +279,30 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
     }
     let mut segments = Vec::with_capacity(segment_count);
     for _ in 0..segment_count {
-        let body = block(bytes, &mut at, 24, u64::from(shard_count) * STATES as u64)?;
+        if bytes.len() - at < 40 {
+            return Err("cold state block beyond the file");
+        }
+        let states = read_u64(bytes, at + 24);
+        if states >> STATES != 0 {
+            return Err("cold state segment names an unknown state");
+        }
+        let row_len = u64::from(shard_count) * 4;
+        let body = block(bytes, &mut at, 32, row_len * u64::from(states.count_ones()))?;
+        let mut rows = body[32..].chunks_exact(row_len as usize);
         segments.push(SegmentState {
             seq: read_u64(body, 0),
             deadline_ms: read_u64(body, 8),
             covered_len: read_u64(body, 16),
-            counts: body[24..]
-                .chunks_exact(8 * STATES)
-                .map(|row| std::array::from_fn(|i| read_u64(row, i * 8)))
-                .collect(),
+            // The block holds exactly one row per bit set.
+            rows: std::array::from_fn(|i| {
+                (states & 1 << i != 0)
+                    .then(|| rows.next())
+                    .flatten()
+                    .map(|row| row.chunks_exact(4).map(|c| read_u32(c, 0)).collect())
+            }),
         });
     }
-    let body = block(bytes, &mut at, 0, partition_count * 2)?;
+    let body = block(bytes, &mut at, 0, partition_count * 16)?;
     let partitions: Vec<PartitionOffset> = body
         .chunks_exact(16)
         .map(|e| PartitionOffset {
@@ -291,7 +314,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
     if !partitions.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
         return Err("cold state partitions out of order");
     }
-    let body = block(bytes, &mut at, 0, u64::from(shard_count))?;
+    let body = block(bytes, &mut at, 0, u64::from(shard_count) * 8)?;
     let open_counters: Vec<u64> = body.chunks_exact(8).map(|c| read_u64(c, 0)).collect();
     if at != bytes.len() {
         return Err("cold state longer than its blocks");
@@ -307,17 +330,16 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ColdState, &'static str> {
         open_counters,
     })
 }
-/// The block at `*at`: `fixed` bytes, `words` u64s, then the checksum of them all,
+/// The block at `*at`: `fixed` bytes, `more` bytes, then the checksum of them all,
 /// verified; moves `*at` past it.
 fn block<'a>(
     bytes: &'a [u8],
     at: &mut usize,
     fixed: usize,
-    words: u64,
+    more: u64,
 ) -> Result<&'a [u8], &'static str> {
-    let len = words
-        .checked_mul(8)
-        .and_then(|w| w.checked_add(fixed as u64 + 8))
+    let len = more
+        .checked_add(fixed as u64 + 8)
         .filter(|&len| len <= (bytes.len() - *at) as u64)
         .ok_or("cold state block beyond the file")? as usize;
     let body = &bytes[*at..*at + len - 8];
@@ -352,12 +374,27 @@ mod tests {
                     dead: vec![(0, u64::MAX)],
                 },
             ],
-            segments: vec![SegmentState {
-                seq: 12,
-                deadline_ms: 1_000,
-                covered_len: 4096,
-                counts: vec![[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]],
-            }],
+            segments: vec![
+                SegmentState {
+                    seq: 12,
+                    deadline_ms: 1_000,
+                    covered_len: 4096,
+                    rows: [
+                        Some(vec![1, 7]),
+                        None,
+                        Some(vec![0, 0]),
+                        Some(vec![4, u32::MAX]),
+                        None,
+                        Some(vec![6, 12]),
+                    ],
+                },
+                SegmentState {
+                    seq: 13,
+                    deadline_ms: 2_000,
+                    covered_len: 64,
+                    rows: Default::default(),
+                },
+            ],
             partitions: vec![
                 PartitionOffset {
                     namespace_id: 0,
@@ -417,5 +454,25 @@ mod tests {
         // The first generation's dead word count: far beyond the file.
         bytes[HEADER_LEN + 24..HEADER_LEN + 32].copy_from_slice(&(u64::MAX - 3).to_le_bytes());
         assert_eq!(decode(&bytes), Err("cold state block beyond the file"));
+    }
+
+    /// A segment block's state bits say how long it is: a bit beyond the six states
+    /// is refused even with its checksum made valid.
+    #[test]
+    fn a_segment_naming_an_unknown_state_is_refused() {
+        let bytes = encode(&sample());
+        // The second segment block (no rows), after the generations' blocks (2 and 1
+        // dead words) and the first segment's (4 rows of 2 shards).
+        let segment = HEADER_LEN + (40 + 2 * 16) + (40 + 16) + (40 + 4 * 2 * 4);
+        assert_eq!(read_u64(&bytes, segment), 13, "the second segment's seq");
+        assert_eq!(read_u64(&bytes, segment + 24), 0, "no rows");
+        let mut forged = bytes.clone();
+        forged[segment + 24] = 1 << 6;
+        let sum = checksum(&forged[segment..segment + 32]);
+        forged[segment + 32..segment + 40].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(
+            decode(&forged),
+            Err("cold state segment names an unknown state")
+        );
     }
 }
