@@ -526,6 +526,89 @@ fn a_zero_budget_is_refused() {
     assert!(err.to_string().contains("memory_budget"), "{err}");
 }
 
+#[test]
+fn a_filter_width_other_than_8_or_16_bits_is_refused() {
+    for bits in [0, 4, 12, 32] {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Store::builder(dir.path())
+            .memory_budget(1)
+            .cold_filter_bits(bits)
+            .open()
+            .unwrap_err();
+        assert!(
+            matches!(err, idemstore::Error::InvalidOption { .. }),
+            "{bits}: {err}"
+        );
+        assert!(err.to_string().contains("cold_filter_bits"), "{err}");
+    }
+}
+
+/// 16-bit filters (the default) take a byte more per cold key than 8-bit ones; files of
+/// either width are read with either setting, and merges write the current one.
+#[test]
+fn generations_of_either_filter_width_are_read_with_either_setting() {
+    let clock = ManualClock::new(UnixMs(START_MS));
+    let opener = |dir: &Path, bits: u8| {
+        Store::builder(dir)
+            .durability(Durability::None)
+            .bucket_width(Duration::from_millis(WIDTH_MS))
+            .shards(4)
+            .clock(clock.clone())
+            .memory_budget(1)
+            .cold_filter_bits(bits)
+            .open()
+            .unwrap()
+    };
+    let mut ram = Vec::new();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    for (dir, bits) in dirs.iter().zip([8, 16]) {
+        let store = opener(dir.path(), bits);
+        fill(&store, &clock, "k", 3_000, 3);
+        let cold = store.stats().cold;
+        assert_eq!(cold.entries, 3_000);
+        ram.push(cold.ram_bytes);
+        store.close().unwrap();
+    }
+    assert!(
+        ram[1] >= ram[0] + 3_000,
+        "16-bit {} against 8-bit {}",
+        ram[1],
+        ram[0]
+    );
+    for (dir, bits) in dirs.iter().zip([16, 8]) {
+        // Reopened with the other width: the files are taken over, every key answers.
+        let store = opener(dir.path(), bits);
+        assert!(store.stats().cold.reused_at_open > 0);
+        let ns = store
+            .namespace("orders", Policy::ttl(Duration::from_secs(3600)))
+            .unwrap();
+        for k in 0..3_000 {
+            assert!(
+                !ns.check_and_set(format!("k-{k}")).unwrap().is_first(),
+                "{k}"
+            );
+        }
+        // Enough spills to merge every generation into files of the new width.
+        fill(&store, &clock, "more", 3_000, 12);
+        assert!(store.stats().cold.merges > 0);
+        for k in 0..3_000 {
+            assert!(
+                !ns.check_and_set(format!("k-{k}")).unwrap().is_first(),
+                "{k}"
+            );
+            assert!(
+                !ns.check_and_set(format!("more-{k}")).unwrap().is_first(),
+                "{k}"
+            );
+        }
+        assert!(ns.check_and_set("never-seen").unwrap().is_first());
+        drop(ns);
+        store.close().unwrap();
+        let report = idemstore::verify(dir.path()).unwrap();
+        assert!(report.cold_files > 0 && report.is_clean(), "{report:?}");
+    }
+}
+
 /// A key removed and re-created with a shorter ttl starts a new chain that can expire
 /// before the bucket of its old, spilled record: the old state must not come back.
 #[test]
