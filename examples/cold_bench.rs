@@ -17,9 +17,10 @@
 //! `COLD_BENCH_NO_REPLAY=1` skips the crash and the open after it; `COLD_BENCH_DUPS=n`
 //! runs n duplicates per phase instead of 2,000,000 (data larger than the page cache
 //! makes each a disk read); `COLD_BENCH_SHARDS=n` opens the store with n index shards
-//! instead of 256; `COLD_BENCH_FILTER_BITS=8` gives the cold filters 8-bit fingerprints
-//! instead of 16 (`cold_filter_bits`); `COLD_BENCH_TRACE=1` prints the cold tier's debug events (each spill
-//! and merge, with where its time went) with seconds since the store's first open.
+//! instead of 256; `COLD_BENCH_FILTER_BITS=8` gives the cold filters 8-bit
+//! fingerprints instead of 16 (`cold_filter_bits`); `COLD_BENCH_TRACE=1` prints the
+//! cold tier's debug events (each spill and merge, with where its time went) with
+//! seconds since the store's first open.
 
 use std::time::{Duration, Instant};
 

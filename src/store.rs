@@ -116,9 +116,9 @@ impl StoreBuilder {
     /// nothing changes; beyond it, the background reaper moves the index entries of
     /// the oldest buckets to immutable cold index files on disk, each fronted in RAM by
     /// a binary fuse filter and its page fences (about 2.4 bytes per cold key with the
-    /// dead bits, 1.3 with `cold_filter_bits(8)`). Lookups stay exact: a filter hit reads one page and the record, and
-    /// the key's bytes are compared (docs/ARCHITECTURE.md, "The cold tier"). The budget
-    /// is checked each reaper round (every `bucket_width / 4`, 10 ms to 1 s), so the
+    /// dead bits, 1.3 with `cold_filter_bits(8)`). Lookups stay exact: a filter hit
+    /// reads one page and the record, and the key's bytes are compared
+    /// (docs/ARCHITECTURE.md, "The cold tier"). The budget is checked each reaper round (every `bucket_width / 4`, 10 ms to 1 s), so the
     /// index can exceed it by what one round writes. A reopened store takes the
     /// generation files over (through `COLD_STATE`, after a clean close or a crash) and
     /// replays only the records no spill walked; without a usable state it rebuilds the

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ColdTier, GENERATIONS_LIMIT, GENERATIONS_MAX, Generation, RowCounts, SpilledSegment};
-use crate::addr::Location;
-use crate::addr::Lsn;
+use crate::addr::{Location, Lsn};
 use crate::error::Error;
 use crate::format::cold_index::{self, ColdEntry, ColdSegment, ColdWriter};
 use crate::format::record::State;
@@ -37,6 +36,28 @@ const _: () = assert!(
     (STATE_MASK << STATE_SHIFT) & cold_index::TRUSTED_BIT == 0
         && crate::format::record::State::ALL.len() <= 8
 );
+
+/// `e` with its state bits set to `state`'s.
+fn with_state(e: ColdEntry, state: State) -> ColdEntry {
+    let field = e.field & !(STATE_MASK << STATE_SHIFT);
+    ColdEntry {
+        field: field | (StateCounts::index(state) as u32) << STATE_SHIFT,
+        ..e
+    }
+}
+
+/// The state a collected entry carries.
+fn state_of(e: &ColdEntry) -> State {
+    State::ALL[((e.field >> STATE_SHIFT) & STATE_MASK) as usize]
+}
+
+/// A collected entry as the file holds it: without its state bits.
+fn without_state(e: &ColdEntry) -> ColdEntry {
+    ColdEntry {
+        field: e.field & !(STATE_MASK << STATE_SHIFT),
+        ..*e
+    }
+}
 
 /// While a spill collects entries, bit 30 of the offset field marks one whose key's
 /// hot entry points elsewhere (not collected after all).
@@ -236,12 +257,11 @@ impl ColdTier {
                 let trusted = !trusted.is_empty()
                     && record.state == State::Seen
                     && trusted.contains(&record.namespace_id);
-                let mut entry = ColdEntry::new(hash.0, row as u32, offset as u32, trusted);
-                entry.field |= (StateCounts::index(record.state) as u32) << STATE_SHIFT;
+                let entry = ColdEntry::new(hash.0, row as u32, offset as u32, trusted);
                 if record.state == State::InProgress {
                     claims.insert((row as u32, offset as u32), record.lsn);
                 }
-                collected.push(entry);
+                collected.push(with_state(entry, record.state));
             });
         }
         let decoded = started.elapsed();
@@ -256,9 +276,7 @@ impl ColdTier {
             if shard.find(KeyHash(e.key_hash), |l| l == location).is_none() {
                 e.field |= GONE;
             } else if let Some(&lsn) = claims.get(&(e.segment, e.offset())) {
-                let state = shard.effective_state(State::InProgress, lsn);
-                e.field &= !(STATE_MASK << STATE_SHIFT);
-                e.field |= (StateCounts::index(state) as u32) << STATE_SHIFT;
+                *e = with_state(*e, shard.effective_state(State::InProgress, lsn));
             }
         });
         collected.retain(|e| e.field & GONE == 0);
@@ -307,13 +325,7 @@ impl ColdTier {
         let walked = started.elapsed();
         // Sorted as the file holds them (by hash), without the states: an entry's
         // position is its index here.
-        let mut entries: Vec<ColdEntry> = live
-            .iter()
-            .map(|e| ColdEntry {
-                field: e.field & !(STATE_MASK << STATE_SHIFT),
-                ..*e
-            })
-            .collect();
+        let mut entries: Vec<ColdEntry> = live.iter().map(without_state).collect();
         entries.sort_unstable();
         let sorted = started.elapsed();
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
@@ -349,16 +361,12 @@ impl ColdTier {
                 slot: segments[e.segment as usize].0.slot,
                 offset: e.offset(),
             };
-            let state = State::ALL[((e.field >> STATE_SHIFT) & STATE_MASK) as usize];
             if shard.remove_at(KeyHash(e.key_hash), location) {
-                generation.count_add(e.segment as usize, number, state);
+                generation.count_add(e.segment as usize, number, state_of(e));
                 moved += 1;
             } else {
                 // Written again meanwhile: the hot entry is newer.
-                rewritten.push(ColdEntry {
-                    field: e.field & !(STATE_MASK << STATE_SHIFT),
-                    ..*e
-                });
+                rewritten.push(without_state(e));
             }
         });
         for e in rewritten {
