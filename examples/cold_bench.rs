@@ -1,6 +1,7 @@
 //! The cold tier (`memory_budget`) against the all-in-RAM index, side by side in one run:
 //! N fresh 16-byte keys from 2 threads, then duplicates of keys spread over all of them
-//! (spilled ones, with the budget), then fresh keys that probe every generation, then the
+//! (spilled ones, with the budget), then `get` of absent keys (the lookup a fresh key
+//! makes, with no write), then fresh keys that probe every generation, then the
 //! open after a clean close (the generation files reused: duplicates with the page
 //! cache dropped, when root, then warm), then writes after it (some spilled, some not)
 //! and a kill -9 of the child, and the open after it in a new child (the generations
@@ -61,6 +62,29 @@ fn status(field: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
+}
+
+/// With `COLD_BENCH_TRACE`, the allocator's view of the heap (glibc's `mallinfo2`,
+/// over all arenas), to tell the memory in use from free memory the allocator holds
+/// (which anonymous RSS counts as well).
+fn allocator(per: u64) {
+    if std::env::var_os("COLD_BENCH_TRACE").is_none() {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics; no precondition.
+        let m = unsafe { libc::mallinfo2() };
+        let b = |n: usize| n as f64 / per as f64;
+        println!(
+            "    [allocator] in use {:.2} B/key, free but held {:.2} B/key (of which releasable at the top {:.2}); heap {:.2}, mmapped {:.2}",
+            b(m.uordblks + m.hblkhd),
+            b(m.fordblks),
+            b(m.keepcost),
+            b(m.arena),
+            b(m.hblkhd)
+        );
+    }
 }
 
 fn dir_bytes(path: &std::path::Path) -> u64 {
@@ -205,6 +229,7 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
         stats.log_bytes as f64 / keys as f64,
         stats.cold.disk_bytes as f64 / keys as f64,
     );
+    allocator(keys);
     // Duplicates of the oldest keys (spilled first), a pseudo-random walk over them.
     // `COLD_BENCH_DUPS`: fewer duplicates per phase, for sizes whose data outgrows the
     // page cache (each one then reads from disk).
@@ -226,6 +251,16 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
         &run(0..dups, 1, duplicate),
     );
     let more = (keys / 10).min(2_000_000);
+    // The lookup a fresh key makes, alone: a miss in the hot table, then every
+    // generation's filter (and a page read on a false positive). Nothing is written.
+    let absent = keys + 2 * more;
+    report(
+        "absent keys, get (read-only)",
+        more,
+        &run(absent..absent + more, 1, |i| {
+            assert!(ns.get(key(i)).unwrap().is_none());
+        }),
+    );
     report(
         "fresh keys after the spill",
         more,
@@ -252,6 +287,7 @@ fn child(keys: u64, budget: Option<u64>, dir: &std::path::Path) {
         peak.take() as f64 / (keys + more) as f64,
         status("RssAnon:") as f64 / (keys + more) as f64
     );
+    allocator(keys + more);
     let ns = store
         .namespace("bench", Policy::ttl(Duration::from_secs(24 * 3600)))
         .unwrap();

@@ -405,6 +405,11 @@ impl ColdTier {
             return Ok(None);
         }
         let generations = self.generations.read();
+        // Every generation's filter reads start before the first is checked, so that
+        // their cache and TLB misses overlap (`prefetch.rs`).
+        for generation in generations.iter().rev() {
+            generation.sections.prefetch(hash.0);
+        }
         let mut entries = Vec::new();
         for generation in generations.iter().rev() {
             let mut best: Option<(crate::addr::Lsn, ColdEntry, u64)> = None;

@@ -56,6 +56,7 @@
 
 use super::{read_u32, read_u64};
 mod filter;
+mod prefetch;
 mod write;
 
 pub(crate) use filter::{FilterBuilder, FilterParts, PART_KEYS};
@@ -258,6 +259,15 @@ impl Sections {
     pub(crate) fn may_contain(&self, key_hash: u64) -> bool {
         self.filter.may_contain(key_hash)
             || (!self.trusted.is_empty() && self.trusted.may_contain(key_hash))
+    }
+
+    /// Starts the filter reads that `may_contain(key_hash)` makes, without waiting.
+    #[inline]
+    pub(crate) fn prefetch(&self, key_hash: u64) {
+        self.filter.prefetch(key_hash);
+        if !self.trusted.is_empty() {
+            self.trusted.prefetch(key_hash);
+        }
     }
 }
 

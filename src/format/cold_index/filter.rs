@@ -249,6 +249,14 @@ impl FilterParts {
         }
     }
 
+    /// Starts the reads that `may_contain(key_hash)` makes (`prefetch.rs`).
+    #[inline]
+    pub(crate) fn prefetch(&self, key_hash: u64) {
+        if let i @ 1.. = self.firsts.partition_point(|&first| first <= key_hash) {
+            self.parts[i - 1].prefetch(key_hash);
+        }
+    }
+
     /// Bytes of memory the parts take.
     pub(crate) fn bytes(&self) -> usize {
         self.parts.iter().map(|p| p.bytes() + 8).sum()
@@ -410,10 +418,11 @@ fn probes_in_bounds(d: &Descriptor, len: usize) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn hashes(n: u64, salt: u64) -> Vec<u64> {
+    /// `n` key hashes, ascending (distinct: 64-bit hashes of distinct integers).
+    pub(in crate::format::cold_index) fn hashes(n: u64, salt: u64) -> Vec<u64> {
         let mut out: Vec<u64> = (0..n)
             .map(|i| xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), salt))
             .collect();
