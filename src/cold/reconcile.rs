@@ -114,6 +114,10 @@ impl ColdTier {
                     )
                 })?;
             // Every live cold record of the key: (generation, position, entry, lsn, state).
+            // The filters' reads start together, as in `find` (`prefetch.rs`).
+            for generation in generations {
+                generation.sections.prefetch(hash.0);
+            }
             let mut cold = Vec::new();
             for generation in generations {
                 self.each_record(
