@@ -21,7 +21,8 @@
 //! instead of 256; `COLD_BENCH_FILTER_BITS=8` gives the cold filters 8-bit
 //! fingerprints instead of 16 (`cold_filter_bits`); `COLD_BENCH_TRACE=1` prints the
 //! cold tier's debug events (each spill and merge, with where its time went) with
-//! seconds since the store's first open.
+//! seconds since the store's first open, and glibc's `mallinfo2` figures (memory in
+//! use against free memory the allocator holds) after the final spill and the reopen.
 
 use std::time::{Duration, Instant};
 
