@@ -8,7 +8,7 @@ pub const PLANTED_BUG_ENV: &str = "IDEMSTORE_PLANTED_BUG";
 
 /// The bugs the `planted-bugs` feature can plant, one at a time, for the negative
 /// controls: the reliability tests must fail with each.
-pub const PLANTED_BUGS: [&str; 15] = [
+pub const PLANTED_BUGS: [&str; 16] = [
     // Commit tickets (blocking waits and futures) are answered before the sync completes.
     "ack-before-fsync",
     // Log::sync never syncs the directory, so new segment files can vanish.
@@ -43,6 +43,9 @@ pub const PLANTED_BUGS: [&str; 15] = [
     // cold tier: an open after a crash that reuses the generations skips the
     // reconciliation, so the kills the writes after the last cold state made are lost.
     "cold-crash-skips-reconcile",
+    // cold tier: the replay's screen never reports a key a filter may hold, so the
+    // reconciliation after a crash reads no entry and the kills are lost again.
+    "cold-screen-drops-hits",
     // approximate mode: a generation with an expired bucket is trusted all the same,
     // so an expired key of an approximate namespace answers LikelyDuplicate.
     "approximate-trusts-expired",

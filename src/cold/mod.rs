@@ -25,6 +25,7 @@ mod counts;
 mod merge;
 mod persist;
 mod reconcile;
+mod reuse;
 mod spill;
 
 use std::path::PathBuf;
@@ -40,7 +41,8 @@ use crate::io::SegmentFile;
 use crate::log::Segment;
 
 pub(crate) use merge::read_pages_ahead;
-pub(crate) use persist::{Reused, load};
+pub(crate) use reconcile::Screen;
+pub(crate) use reuse::{Reused, load};
 pub(crate) use spill::release_free_memory;
 
 /// Beyond this many generations, the two adjacent generations with the fewest entries

@@ -470,11 +470,16 @@ fn recover_index(
     let reconcile = !crate::planted::planted("cold-crash-skips-reconcile");
     #[cfg(not(feature = "planted-bugs"))]
     let reconcile = true;
-    if reconcile && kept.is_some() && recovery.cold_reconcile {
+    if let Some(screened) = recovery
+        .cold_reconcile
+        .take()
+        .filter(|_| reconcile && kept.is_some())
+    {
         let started = std::time::Instant::now();
-        let reconciled = cold.reconcile(&log, &index, &open_counters);
+        let reconciled = cold.reconcile(&log, &index, &open_counters, &screened);
         tracing::info!(
             restore_ms,
+            screened = screened.len(),
             reconcile_ms = started.elapsed().as_millis() as u64,
             "reconciled the cold tier with the replayed records"
         );

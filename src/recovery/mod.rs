@@ -64,8 +64,10 @@ pub(crate) struct RecoveryReport {
     /// (`Arc` so the report stays `Clone`).
     pub cold: Option<Arc<crate::cold::Reused>>,
     /// The replay skipped the records spills walked: the hot entries must be
-    /// reconciled with the cold tier once it is restored (`ColdTier::reconcile`).
-    pub cold_reconcile: bool,
+    /// reconciled with the cold tier once it is restored (`ColdTier::reconcile`),
+    /// those of these key hashes (the replayed keys some generation's filter may
+    /// hold) alone.
+    pub cold_reconcile: Option<Vec<u64>>,
 }
 
 /// Average bytes per record assumed when sizing the index before replay.
@@ -218,7 +220,9 @@ pub(crate) fn recover(
         .sum();
     index.reserve(usize::try_from(total_bytes / RECORD_LEN_ESTIMATE).unwrap_or(usize::MAX));
     let phase = Instant::now();
-    let surveys = replay::replay_all(log, index, &pending, namespace_count);
+    let filters = reused.as_ref().map(|r| r.sections()).unwrap_or_default();
+    let (surveys, screened) = replay::replay_all(log, index, &pending, namespace_count, &filters);
+    drop(filters);
     let replay_ms = phase.elapsed().as_millis() as u64;
     let mut max_lsn = Lsn(0);
     for (segment, records) in pending.iter().zip(&surveys) {
@@ -284,7 +288,7 @@ pub(crate) fn recover(
             let highest = report.highest_offsets.entry(key).or_insert(offset);
             *highest = (*highest).max(offset);
         }
-        report.cold_reconcile = true;
+        report.cold_reconcile = Some(screened);
         report.cold = Some(Arc::new(reused));
     }
     report.duration = started.elapsed();

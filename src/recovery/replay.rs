@@ -9,6 +9,8 @@ use parking_lot::MutexGuard;
 
 use super::survey::{self, RecordSurvey};
 use crate::addr::Lsn;
+use crate::cold::Screen;
+use crate::format::cold_index::Sections;
 use crate::format::record::{self, State, StoredRecord};
 use crate::index::{Index, KeyHash, Shard};
 use crate::io::SegmentFile;
@@ -50,7 +52,9 @@ struct Batch {
     records: Vec<Routed>,
 }
 
-/// Replays every pending segment; the survey of each one's records, in order.
+/// Replays every pending segment; the survey of each one's records, in order, and the
+/// key hashes of the records that a generation in `cold` may hold (`Screen`: only
+/// their entries are reconciled with the cold tier).
 ///
 /// Up to one thread per core. Each locks its own share of the shards (`shard % parts`)
 /// for the whole replay, so applying a record takes no lock operation (a locked
@@ -65,7 +69,8 @@ pub(super) fn replay_all(
     index: &Index,
     pending: &[Pending],
     namespace_count: usize,
-) -> Vec<RecordSurvey> {
+    cold: &[&Sections],
+) -> (Vec<RecordSurvey>, Vec<u64>) {
     let parts = crate::options::parallelism()
         .min(index.shard_count())
         .min(pending.len())
@@ -79,8 +84,9 @@ pub(super) fn replay_all(
         namespace_count,
         parts,
         next: &next,
+        cold,
     };
-    let mut surveys: Vec<(usize, RecordSurvey)> = std::thread::scope(|s| {
+    let (mut surveys, hits) = std::thread::scope(|s| {
         let mut receivers = receivers.into_iter();
         let own = receivers.next().expect("at least one part");
         let others: Vec<_> = receivers
@@ -93,15 +99,20 @@ pub(super) fn replay_all(
             .collect();
         // Every thread holds the senders it needs: once all have run out of
         // segments and dropped theirs, each inbox ends.
-        let mut surveys = worker.run(0, senders, own);
+        let (mut surveys, mut hits) = worker.run(0, senders, own);
         for other in others {
-            surveys.extend(other.join().expect("a recovery thread panicked"));
+            let (more, more_hits) = other.join().expect("a recovery thread panicked");
+            surveys.extend(more);
+            hits.extend(more_hits);
         }
-        surveys
+        (surveys, hits)
     });
     surveys.sort_unstable_by_key(|&(segment, _)| segment);
     debug_assert!(surveys.iter().enumerate().all(|(i, &(s, _))| i == s));
-    surveys.into_iter().map(|(_, survey)| survey).collect()
+    (
+        surveys.into_iter().map(|(_, survey)| survey).collect(),
+        hits,
+    )
 }
 
 struct Worker<'a> {
@@ -111,22 +122,25 @@ struct Worker<'a> {
     namespace_count: usize,
     parts: usize,
     next: &'a AtomicUsize,
+    cold: &'a [&'a Sections],
 }
 
 impl Worker<'_> {
-    /// Thread `part`'s replay: the surveys of the segments it decoded.
+    /// Thread `part`'s replay: the surveys of the segments it decoded, and the key
+    /// hashes among their records that the cold tier's filters may hold.
     fn run(
         &self,
         part: usize,
         senders: Vec<mpsc::Sender<Batch>>,
         inbox: mpsc::Receiver<Batch>,
-    ) -> Vec<(usize, RecordSurvey)> {
+    ) -> (Vec<(usize, RecordSurvey)>, Vec<u64>) {
         let index = self.index;
         let mut shards: Vec<MutexGuard<'_, Shard>> = (part..index.shard_count())
             .step_by(self.parts)
             .map(|i| index.lock_at(i))
             .collect();
         let mut surveys = Vec::new();
+        let mut screen = Screen::new(self.cold);
         loop {
             let segment = self.next.fetch_add(1, Ordering::Relaxed);
             if segment >= self.pending.len() {
@@ -141,6 +155,7 @@ impl Worker<'_> {
             let survey =
                 survey::scan_records(bytes, from, self.namespace_count, |offset, record| {
                     let hash = KeyHash::of_record(record);
+                    screen.push(hash);
                     outboxes[index.shard_of(hash) % self.parts].push(Routed {
                         hash,
                         lsn: record.lsn,
@@ -167,7 +182,7 @@ impl Worker<'_> {
         for batch in inbox {
             self.apply(&mut shards, batch);
         }
-        surveys
+        (surveys, screen.finish())
     }
 
     /// Applies a batch of records of this thread's shards.
