@@ -22,7 +22,10 @@
 //! fingerprints instead of 16 (`cold_filter_bits`); `COLD_BENCH_TRACE=1` prints the
 //! cold tier's debug events (each spill and merge, with where its time went) with
 //! seconds since the store's first open, and glibc's `mallinfo2` figures (memory in
-//! use against free memory the allocator holds) after the final spill and the reopen.
+//! use against free memory the allocator holds) and where the anonymous RSS lies (main
+//! heap, thread arenas, other mappings) after the final spill and the reopen;
+//! `COLD_BENCH_TRIM=1` then also calls `malloc_trim` from the bench and prints the RSS
+//! after it (what free memory the store's own trims left resident).
 
 use std::time::{Duration, Instant};
 
@@ -86,6 +89,49 @@ fn allocator(per: u64) {
             b(m.hblkhd)
         );
     }
+    // Where the anonymous RSS lies (`/proc/self/smaps`): glibc's main heap, its
+    // thread arenas (64 MiB-aligned mappings of at most 64 MiB), and the rest (chunks
+    // glibc maps on their own, the index tables, stacks).
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let (mut heap, mut arenas, mut other, mut region) = (0u64, 0u64, 0u64, (0u64, 0u64, false));
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) =
+                (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+        {
+            region = (start, end, line.ends_with("[heap]"));
+        } else if first == "Anonymous:" {
+            let bytes = words
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024;
+            let (start, end, is_heap) = region;
+            if is_heap {
+                heap += bytes;
+            } else if start % (64 << 20) == 0 && end - start <= 64 << 20 {
+                arenas += bytes;
+            } else {
+                other += bytes;
+            }
+        }
+    }
+    if std::env::var_os("COLD_BENCH_TRIM").is_some() {
+        // SAFETY: as in the store: malloc_trim only returns free pages.
+        unsafe { libc::malloc_trim(0) };
+        println!(
+            "    [after malloc_trim] anonymous RSS {:.2} B/key",
+            status("RssAnon:") as f64 / per as f64
+        );
+    }
+    println!(
+        "    [anonymous RSS] main heap {:.2} B/key, thread arenas {:.2} B/key, other mappings {:.2} B/key",
+        heap as f64 / per as f64,
+        arenas as f64 / per as f64,
+        other as f64 / per as f64
+    );
 }
 
 fn dir_bytes(path: &std::path::Path) -> u64 {

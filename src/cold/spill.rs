@@ -160,9 +160,6 @@ impl ColdTier {
         } else if self.needs_merge() {
             self.merge_wake.notify_all();
         }
-        if report.buckets + report.merges > 0 {
-            release_free_memory();
-        }
         Ok(report)
     }
 

@@ -299,14 +299,23 @@ impl Engine {
             false => Ok(()),
         };
         let enforced = match self.options.memory_budget {
-            Some(budget) => self
-                .cold
-                .enforce(budget, &self.log, &self.index, now.0, sync, merge, &durable)
-                .map(drop),
-            None => Ok(()),
+            Some(budget) => {
+                self.cold
+                    .enforce(budget, &self.log, &self.index, now.0, sync, merge, &durable)
+            }
+            None => Ok(Default::default()),
         };
         // What changed before any failure above is persisted all the same.
         let persisted = self.cold.persist(&self.index, durable, sync);
+        if enforced
+            .as_ref()
+            .is_ok_and(|report| report.buckets + report.merges > 0)
+        {
+            // Last, once the round's buffers (the spills' entries and pages, the merged
+            // generations, the cold state's encoding) are all free: give their pages
+            // back (`release_free_memory`).
+            crate::cold::release_free_memory();
+        }
         let forgotten = hot? + cold;
         enforced?;
         persisted?;
@@ -320,8 +329,15 @@ impl Engine {
             true => self.committer.wait_durable(),
             false => Ok(()),
         };
-        self.cold
-            .merge_down(&self.log, &self.index, self.time.now().0, sync, &durable)
+        let merges =
+            self.cold
+                .merge_down(&self.log, &self.index, self.time.now().0, sync, &durable)?;
+        if merges > 0 {
+            // The generations merged away and the merge's buffers are free now: give
+            // their pages back, as a spill does (`release_free_memory`).
+            crate::cold::release_free_memory();
+        }
+        Ok(merges)
     }
 
     pub(crate) fn stats(&self) -> Stats {
