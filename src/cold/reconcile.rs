@@ -82,8 +82,8 @@ impl<'a> Screen<'a> {
 impl ColdTier {
     /// After an open that replayed only the records no spill walked: each hot entry
     /// whose key the replay's screen found in some filter (`screened`: their hashes,
-    /// in any order, repeats allowed) is probed in every generation and the newest of its records wins. A cold
-    /// entry with a lower lsn is killed (a write after the state was written shadowed
+    /// in any order, repeats allowed) is probed in every generation and the newest of
+    /// its records wins. A cold entry with a lower lsn is killed (a write after the state was written shadowed
     /// it; the kill was in RAM only) and its key taken out of the cold counts; a hot
     /// entry with a lower lsn than a cold one (an older record of a re-created key,
     /// which no spill walked) is dropped. Runs after `Index::finish_recovery`, so states

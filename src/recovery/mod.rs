@@ -222,7 +222,6 @@ pub(crate) fn recover(
     let phase = Instant::now();
     let filters = reused.as_ref().map(|r| r.sections()).unwrap_or_default();
     let (surveys, screened) = replay::replay_all(log, index, &pending, namespace_count, &filters);
-    drop(filters);
     let replay_ms = phase.elapsed().as_millis() as u64;
     let mut max_lsn = Lsn(0);
     for (segment, records) in pending.iter().zip(&surveys) {
