@@ -88,7 +88,7 @@ pub struct ColdTierStats {
     pub disk_bytes: u64,
     /// Buckets spilled since open.
     pub spills: u64,
-    /// Merges since open (each merges two adjacent generations into one).
+    /// Merges since open (each merges two or three adjacent generations into one).
     pub merges: u64,
     /// Index entries moved out of the hot tables since open.
     pub spilled_keys: u64,

@@ -1,7 +1,7 @@
-//! Merging two adjacent generations into one, streamed: both files are read a page at
+//! Merging adjacent generations into one, streamed: every input file is read a page at
 //! a time in key-hash order and the merged file is written as its pages fill, so a
-//! merge holds a page of each, a snapshot of their dead bits (one bit an entry), the
-//! new file's fences and filter, never the entries themselves.
+//! merge holds a page of each input, a snapshot of their dead bits (one bit an entry),
+//! the new file's fences and filter, never the entries themselves.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,20 +13,28 @@ use crate::format::cold_index::{self, ColdEntry, ColdSegment, PAGE_ENTRIES};
 use crate::index::Index;
 use crate::log::Log;
 
+/// Generations a merge takes at once: the adjacent run of this many with the fewest
+/// entries (fewer if fewer exist). Three rather than two: a merge brings the count
+/// down by two, so the entries that reach a generation of a given size are rewritten
+/// fewer times. With the spills of a 1B-key run (22 spills, `docs/BENCHMARKS.md`),
+/// pairs rewrote 1.76 entries a key in 14 merges and runs of three 1.13 in 7.
+pub(super) const MERGE_WIDTH: usize = 3;
+const _: () = assert!(MERGE_WIDTH >= 2 && MERGE_WIDTH <= 4); // two bits an origin
+
 impl ColdTier {
-    /// Merges the two adjacent generations with the fewest entries between them into
-    /// one that takes the newer's place (and a new number, above every other): dead
-    /// entries and entries of expired buckets are dropped, equal hashes all kept (a
-    /// lookup resolves them by lsn). The counters of each segment row go with it.
-    /// Generations with a damaged page are never chosen. False: no pair to merge.
-    pub(super) fn merge_smallest_pair(
+    /// Merges the run of up to [`MERGE_WIDTH`] adjacent generations with the fewest
+    /// entries into one that takes their place (and a new number, above every other):
+    /// dead entries and entries of expired buckets are dropped, equal hashes all kept
+    /// (a lookup resolves them by lsn). The counters of each segment row go with it.
+    /// Generations with a damaged page are never chosen. False: no run to merge.
+    pub(super) fn merge_smallest_run(
         &self,
         log: &Log,
         index: &Index,
         now_ms: u64,
         sync: bool,
     ) -> Result<bool, Error> {
-        let Some((older, newer)) = self.smallest_pair() else {
+        let Some(inputs) = self.smallest_run() else {
             return Ok(false);
         };
         let started = std::time::Instant::now();
@@ -34,8 +42,8 @@ impl ColdTier {
         let mut segments = Vec::new();
         let mut counts = Vec::new();
         let mut row_of: HashMap<u64, u32> = HashMap::new();
-        let mut remaps: [Vec<Option<u32>>; 2] = Default::default();
-        for (generation, remap) in [&older, &newer].into_iter().zip(&mut remaps) {
+        let mut remaps: Vec<Vec<Option<u32>>> = vec![Vec::new(); inputs.len()];
+        for (generation, remap) in inputs.iter().zip(&mut remaps) {
             for (row, segment) in generation.sections.segments.iter().enumerate() {
                 if segment.bucket_deadline_ms <= now_ms || generation.segments[row].is_none() {
                     remap.push(None);
@@ -53,20 +61,20 @@ impl ColdTier {
             }
         }
         // The entries to keep are the ones live when the merge starts. While the file
-        // is written, `placed` records where each kept entry went (two bits an entry in
-        // all), so that entries killed after the snapshot are found in the merged file
-        // without reading the inputs again.
-        let snapshot = [older.dead_snapshot(), newer.dead_snapshot()];
-        let inputs = Inputs {
+        // is written, `placed` records where each kept entry went (three bits an entry
+        // in all), so that entries killed after the snapshot are found in the merged
+        // file without reading the inputs again.
+        let snapshot: Vec<Box<[u64]>> = inputs.iter().map(|g| g.dead_snapshot()).collect();
+        let merging = Inputs {
             tier: self,
-            generations: [&older, &newer],
+            generations: inputs.iter().map(|g| &**g).collect(),
             remaps: &remaps,
             dead: &snapshot,
         };
-        let mut placed = Placement::new(older.entry_count(), newer.entry_count());
+        let mut placed = Placement::new(inputs.iter().map(|g| g.entry_count()));
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let written = self.write(log.vfs(), number, &rows, segments, counts, sync, |push| {
-            inputs.merge(|(from, at), entry| {
+            merging.merge(|(from, at), entry| {
                 if placed.merged.is_multiple_of(4096) && self.stopping.load(Ordering::Relaxed) {
                     return Err(Error::Closed);
                 }
@@ -83,17 +91,19 @@ impl ColdTier {
         };
         // Published under `publishing` (no spill moves hot entries, no cold state
         // copies dead bits meanwhile) and every shard's lock: no write is between the
-        // lookup that found its key in `older` or `newer` and its kill there, so their
-        // dead bits are final, and the kills made since the snapshot are carried over
-        // before any lookup can see the merged file.
+        // lookup that found its key in an input and its kill there, so their dead bits
+        // are final, and the kills made since the snapshot are carried over before any
+        // lookup can see the merged file.
         let publishing = self.publishing.lock();
         let shards: Vec<_> = index.shards().map(|s| s.lock()).collect();
         let mut generations = self.generations.write();
-        let at = generations.iter().position(|g| Arc::ptr_eq(g, &older));
+        let at = generations.iter().position(|g| Arc::ptr_eq(g, &inputs[0]));
         let gone = at.is_none_or(|at| {
-            generations
-                .get(at + 1)
-                .is_none_or(|next| !Arc::ptr_eq(next, &newer))
+            inputs.iter().enumerate().any(|(i, input)| {
+                generations
+                    .get(at + i)
+                    .is_none_or(|g| !Arc::ptr_eq(g, input))
+            })
         });
         if gone {
             // An input expired meanwhile (expiry drops whole generations): this merge
@@ -114,15 +124,15 @@ impl ColdTier {
             #[cfg(not(feature = "planted-bugs"))]
             let carry = true;
             if carry {
-                let late: [Vec<u64>; 2] = [0, 1].map(|from| {
-                    let now = inputs.generations[from].dead_snapshot();
-                    late_kills(&snapshot[from], &now)
-                });
+                let late: Vec<Vec<u64>> = inputs
+                    .iter()
+                    .zip(&snapshot)
+                    .map(|(g, before)| late_kills(before, &g.dead_snapshot()))
+                    .collect();
                 // A trusted entry killed late broke its input's trust; which of the
                 // carried kills it was is not known here, so the merged file's trust
                 // breaks too (until its own merge).
                 let broken = inputs
-                    .generations
                     .iter()
                     .any(|g| g.trust_broken.load(Ordering::Acquire));
                 for position in placed.merged_positions(&late) {
@@ -131,7 +141,7 @@ impl ColdTier {
             }
         }
         let at = at.expect("checked above");
-        generations.remove(at + 1);
+        generations.drain(at + 1..at + inputs.len());
         match &merged {
             Some(merged) => generations[at] = Arc::clone(merged),
             None => {
@@ -141,30 +151,44 @@ impl ColdTier {
         self.any.store(!generations.is_empty(), Ordering::Release);
         drop((generations, shards));
         // Their files go once a cold state without them is written.
-        self.leave(&[Arc::clone(&older), Arc::clone(&newer)]);
+        self.leave(&inputs);
         self.dirty.store(true, Ordering::Relaxed);
         drop(publishing);
         self.merges.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
-            older = older.number,
-            newer = newer.number,
+            inputs = ?inputs.iter().map(|g| g.number).collect::<Vec<_>>(),
             into = number,
             entries = merged.as_ref().map_or(0, |m| m.entry_count()),
             ms = started.elapsed().as_millis() as u64,
-            "merged two cold generations"
+            "merged cold generations"
         );
         Ok(true)
     }
 
-    /// The two adjacent generations with the fewest entries between them, neither
-    /// with a damaged page.
-    pub(super) fn smallest_pair(&self) -> Option<(Arc<Generation>, Arc<Generation>)> {
+    /// The run of up to [`MERGE_WIDTH`] adjacent generations with the fewest entries
+    /// between them, none with a damaged page; `None` unless two or more such are
+    /// adjacent.
+    pub(super) fn smallest_run(&self) -> Option<Vec<Arc<Generation>>> {
         let generations = self.generations.read();
-        generations
-            .windows(2)
-            .filter(|pair| pair.iter().all(|g| !g.damaged.load(Ordering::Acquire)))
-            .min_by_key(|pair| pair[0].entry_count() + pair[1].entry_count())
-            .map(|pair| (Arc::clone(&pair[0]), Arc::clone(&pair[1])))
+        let healthy: Vec<bool> = generations
+            .iter()
+            .map(|g| !g.damaged.load(Ordering::Acquire))
+            .collect();
+        // The widest runs there are, up to MERGE_WIDTH: where every run of three
+        // touches a damaged generation, pairs.
+        (2..=MERGE_WIDTH.min(generations.len()))
+            .rev()
+            .find_map(|width| {
+                (0..=generations.len() - width)
+                    .filter(|&at| healthy[at..at + width].iter().all(|&h| h))
+                    .min_by_key(|&at| {
+                        generations[at..at + width]
+                            .iter()
+                            .map(|g| g.entry_count())
+                            .sum::<u64>()
+                    })
+                    .map(|at| generations[at..at + width].to_vec())
+            })
     }
 }
 
@@ -182,36 +206,40 @@ fn late_kills(before: &[u64], now: &[u64]) -> Vec<u64> {
 }
 
 /// Where a merge put each kept entry: per input, a bit per position (kept or not),
-/// and per merged position, a bit saying which input it came from.
+/// and per merged position, two bits saying which input it came from.
 struct Placement {
-    kept: [Vec<u64>; 2],
-    from_newer: Vec<u64>,
+    kept: Vec<Vec<u64>>,
+    /// Origins, 32 a word: merged position `p` is bits `2 * (p % 32)..` of word `p / 32`.
+    origins: Vec<u64>,
     merged: u64,
 }
 
+/// Bit 0 of every two-bit field of a word.
+const LOW_BITS: u64 = 0x5555_5555_5555_5555;
+
 impl Placement {
-    fn new(older: u64, newer: u64) -> Placement {
+    /// For inputs of these entry counts.
+    fn new(inputs: impl Iterator<Item = u64>) -> Placement {
         Placement {
-            kept: [older, newer].map(|n| vec![0; n.div_ceil(64) as usize]),
-            from_newer: Vec::new(),
+            kept: inputs.map(|n| vec![0; n.div_ceil(64) as usize]).collect(),
+            origins: Vec::new(),
             merged: 0,
         }
     }
 
     fn push(&mut self, from: usize, position: u64) {
         self.kept[from][(position / 64) as usize] |= 1 << (position % 64);
-        if self.merged.is_multiple_of(64) {
-            self.from_newer.push(0);
+        if self.merged.is_multiple_of(32) {
+            self.origins.push(0);
         }
-        if from == 1 {
-            *self.from_newer.last_mut().expect("pushed above") |= 1 << (self.merged % 64);
-        }
+        *self.origins.last_mut().expect("pushed above") |=
+            (from as u64) << (2 * (self.merged % 32));
         self.merged += 1;
     }
 
-    /// The merged positions of the input positions in `late` (ascending per input)
-    /// that the merge kept.
-    fn merged_positions(&self, late: &[Vec<u64>; 2]) -> Vec<u64> {
+    /// The merged positions of the input positions in `late` (one list per input,
+    /// ascending) that the merge kept.
+    fn merged_positions(&self, late: &[Vec<u64>]) -> Vec<u64> {
         let mut out = Vec::new();
         for (from, (kept, late)) in self.kept.iter().zip(late).enumerate() {
             // The rank of each kept late position among its input's kept entries ...
@@ -231,24 +259,25 @@ impl Placement {
             // ... is its rank among the merged entries that came from that input.
             let mut wanted = ranks.into_iter().peekable();
             let mut seen = 0u64;
-            for (w, &bits) in self.from_newer.iter().enumerate() {
+            let pattern = from as u64 * LOW_BITS;
+            for (w, &origins) in self.origins.iter().enumerate() {
                 let Some(&rank) = wanted.peek() else { break };
-                let valid = (self.merged - w as u64 * 64).min(64);
-                let mask = if valid == 64 {
-                    u64::MAX
-                } else {
-                    (1 << valid) - 1
-                };
-                let mut mine = if from == 1 { bits } else { !bits } & mask;
+                let valid = (self.merged - w as u64 * 32).min(32);
+                // Bit 2i set where field i is `from` and holds a merged position.
+                let equal = !(origins ^ pattern);
+                let mut mine = equal & (equal >> 1) & LOW_BITS;
+                if valid < 32 {
+                    mine &= (1 << (2 * valid)) - 1;
+                }
                 let count = u64::from(mine.count_ones());
                 if seen + count <= rank {
                     seen += count;
                     continue;
                 }
                 while mine != 0 {
-                    let bit = u64::from(mine.trailing_zeros());
+                    let field = u64::from(mine.trailing_zeros()) / 2;
                     if wanted.peek() == Some(&seen) {
-                        out.push(w as u64 * 64 + bit);
+                        out.push(w as u64 * 32 + field);
                         wanted.next();
                     }
                     seen += 1;
@@ -260,13 +289,14 @@ impl Placement {
     }
 }
 
-/// The two generations of a merge, what their rows become, and which entries to skip.
+/// The generations of a merge, what their rows become, and which entries to skip.
 struct Inputs<'a> {
     /// For a damaged page: `ColdTier::damaged`.
     tier: &'a ColdTier,
-    generations: [&'a Generation; 2],
-    remaps: &'a [Vec<Option<u32>>; 2],
-    dead: &'a [Box<[u64]>; 2],
+    /// Oldest first.
+    generations: Vec<&'a Generation>,
+    remaps: &'a [Vec<Option<u32>>],
+    dead: &'a [Box<[u64]>],
 }
 
 impl Inputs<'_> {
@@ -277,22 +307,33 @@ impl Inputs<'_> {
         &self,
         mut out: impl FnMut((usize, u64), ColdEntry) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let mut cursors = [0, 1].map(|i| Cursor {
-            tier: self.tier,
-            generation: self.generations[i],
-            remap: &self.remaps[i],
-            dead: &self.dead[i],
-            page: 0,
-            entries: Vec::with_capacity(PAGE_ENTRIES),
-            next: 0,
-        });
-        let mut heads = [cursors[0].next()?, cursors[1].next()?];
+        let mut cursors: Vec<Cursor> = (0..self.generations.len())
+            .map(|i| Cursor {
+                tier: self.tier,
+                generation: self.generations[i],
+                remap: &self.remaps[i],
+                dead: &self.dead[i],
+                page: 0,
+                entries: Vec::with_capacity(PAGE_ENTRIES),
+                next: 0,
+            })
+            .collect();
+        let mut heads = Vec::with_capacity(cursors.len());
+        for cursor in &mut cursors {
+            heads.push(cursor.next()?);
+        }
         loop {
-            let from = match (&heads[0], &heads[1]) {
-                (None, None) => return Ok(()),
-                (Some(_), None) => 0,
-                (None, Some(_)) => 1,
-                (Some((_, a)), Some((_, b))) => usize::from(a.key_hash > b.key_hash),
+            // The lowest hash; among equal ones, the oldest input's.
+            let mut from = None;
+            for (i, head) in heads.iter().enumerate() {
+                if let Some((_, entry)) = head
+                    && from.is_none_or(|(_, hash)| entry.key_hash < hash)
+                {
+                    from = Some((i, entry.key_hash));
+                }
+            }
+            let Some((from, _)) = from else {
+                return Ok(());
             };
             let (position, entry) = heads[from].take().expect("picked a head");
             out((from, position), entry)?;
@@ -387,16 +428,18 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        for round in 0..200 {
-            let sizes = [next() % 300, next() % 300];
-            let mut placement = Placement::new(sizes[0], sizes[1]);
-            let mut cursors = [0u64, 0u64];
+        for round in 0..300 {
+            let inputs = 2 + round % (MERGE_WIDTH - 1);
+            let sizes: Vec<u64> = (0..inputs).map(|_| next() % 300).collect();
+            let mut placement = Placement::new(sizes.iter().copied());
+            let mut cursors = vec![0u64; inputs];
             let mut merged_of = std::collections::HashMap::new();
             loop {
-                let open: Vec<usize> = (0..2).filter(|&i| cursors[i] < sizes[i]).collect();
-                let Some(&from) = open.get((next() % 2) as usize % open.len().max(1)) else {
+                let open: Vec<usize> = (0..inputs).filter(|&i| cursors[i] < sizes[i]).collect();
+                if open.is_empty() {
                     break;
-                };
+                }
+                let from = open[(next() % open.len() as u64) as usize];
                 let position = cursors[from];
                 cursors[from] += 1;
                 if next() % 4 == 0 {
@@ -405,9 +448,11 @@ mod tests {
                 merged_of.insert((from, position), placement.merged);
                 placement.push(from, position);
             }
-            let late: [Vec<u64>; 2] =
-                [0, 1].map(|i| (0..sizes[i]).filter(|_| next() % 3 == 0).collect());
-            let mut expected: Vec<u64> = (0..2)
+            let late: Vec<Vec<u64>> = sizes
+                .iter()
+                .map(|&size| (0..size).filter(|_| next() % 3 == 0).collect())
+                .collect();
+            let mut expected: Vec<u64> = (0..inputs)
                 .flat_map(|i| late[i].iter().map(move |&p| (i, p)))
                 .filter_map(|key| merged_of.get(&key).copied())
                 .collect();

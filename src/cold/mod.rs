@@ -45,8 +45,9 @@ pub(crate) use reconcile::Screen;
 pub(crate) use reuse::{Reused, load};
 pub(crate) use spill::release_free_memory;
 
-/// Beyond this many generations, the two adjacent generations with the fewest entries
-/// between them are merged (by the merger thread, or inline by `expire_now`).
+/// Beyond this many generations, the run of up to three adjacent generations with the
+/// fewest entries is merged (`merge::MERGE_WIDTH`; by the merger thread, or inline by
+/// `expire_now`).
 pub(crate) const GENERATIONS_MAX: usize = 8;
 
 /// Most generations a fresh key's lookup probes: spills wait while a merge brings the

@@ -176,7 +176,7 @@ impl ColdTier {
         let stopped = self.merging.lock();
         let mut merges = 0;
         while !*stopped && !self.stopping.load(Ordering::Relaxed) && self.needs_merge() {
-            if !self.merge_smallest_pair(log, index, now_ms, sync)? {
+            if !self.merge_smallest_run(log, index, now_ms, sync)? {
                 break;
             }
             merges += 1;
@@ -188,7 +188,7 @@ impl ColdTier {
     /// More than `GENERATIONS_MAX` generations, and two adjacent ones without a
     /// damaged page to merge.
     fn needs_merge(&self) -> bool {
-        self.generations.read().len() > GENERATIONS_MAX && self.smallest_pair().is_some()
+        self.generations.read().len() > GENERATIONS_MAX && self.smallest_run().is_some()
     }
 
     /// The merger thread's wait: until a spill leaves more than `GENERATIONS_MAX`
