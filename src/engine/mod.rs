@@ -455,7 +455,7 @@ fn recover_index(
         options.log_stripes(),
         1,
     ));
-    let index = Index::new(options.shards);
+    let index = Index::new(options.shards, options.memory_budget.is_some());
     let mut recovery = recovery::recover(
         &log,
         &index,

@@ -291,13 +291,15 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    pub(crate) fn new(shards: usize) -> Index {
+    /// `budgeted`: the store has a memory budget (`TableAlloc::for_store`).
+    pub(crate) fn new(shards: usize, budgeted: bool) -> Index {
         debug_assert!(shards.is_power_of_two());
+        let tables = TableAlloc::for_store(budgeted);
         Index {
             shards: (0..shards)
                 .map(|index| {
                     CachePadded::new(Mutex::new(Shard {
-                        table: HashTable::new_in(TableAlloc),
+                        table: HashTable::new_in(tables),
                         counts: StateCounts::default(),
                         index: index as u16,
                         lsn_counter: 1,
@@ -442,7 +444,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_bucket_mask_is_the_tables_own() {
-        let index = Index::new(1);
+        let index = Index::new(1, false);
         let mut shard = index.lock_at(0);
         assert_eq!(shard.bucket_mask(), 0, "an empty table");
         for n in 1..5_000u32 {
@@ -468,7 +470,7 @@ mod tests {
 
     #[test]
     fn lsns_are_unique_across_shards_and_exceed_the_recovered_floor() {
-        let index = Index::new(4);
+        let index = Index::new(4, false);
         let floor = Lsn::new(5, 3);
         index.set_lsn_floor(floor);
         let mut seen = std::collections::BTreeSet::new();

@@ -89,7 +89,7 @@ pub fn recover(vfs: &SimVfs, dir: &Path, how: RecoverOptions) -> Result<Recovere
         1,
         1,
     );
-    let index = crate::index::Index::new(options.shards);
+    let index = crate::index::Index::new(options.shards, options.memory_budget.is_some());
     let report = crate::recovery::recover(
         &log,
         &index,
