@@ -182,6 +182,12 @@ impl ColdTier {
             merges += 1;
             self.persist(index, durable, sync)?;
         }
+        if merges > 0 {
+            // The generations merged away and the merges' buffers are free now: their
+            // pages go back before the lock does, so an `expire_now` that waited on
+            // this merge finds them returned.
+            release_free_memory();
+        }
         Ok(merges)
     }
 

@@ -307,13 +307,15 @@ impl Engine {
         };
         // What changed before any failure above is persisted all the same.
         let persisted = self.cold.persist(&self.index, durable, sync);
-        if enforced
-            .as_ref()
-            .is_ok_and(|report| report.buckets + report.merges > 0)
+        if self.options.memory_budget.is_some()
+            && (merge || enforced.as_ref().is_ok_and(|r| r.buckets + r.merges > 0))
         {
             // Last, once the round's buffers (the spills' entries and pages, the merged
             // generations, the cold state's encoding) are all free: give their pages
-            // back (`release_free_memory`).
+            // back (`release_free_memory`). An `expire_now` trims even when it spilled
+            // nothing: the index tables come from the heap under a budget
+            // (`index::TableAlloc`), and what the writers' table growth freed since the
+            // last round is handed back too.
             crate::cold::release_free_memory();
         }
         let forgotten = hot? + cold;
@@ -329,15 +331,10 @@ impl Engine {
             true => self.committer.wait_durable(),
             false => Ok(()),
         };
-        let merges =
-            self.cold
-                .merge_down(&self.log, &self.index, self.time.now().0, sync, &durable)?;
-        if merges > 0 {
-            // The generations merged away and the merge's buffers are free now: give
-            // their pages back, as a spill does (`release_free_memory`).
-            crate::cold::release_free_memory();
-        }
-        Ok(merges)
+        // (`merge_down` gives the merges' freed pages back before it lets a waiting
+        // `expire_now` in.)
+        self.cold
+            .merge_down(&self.log, &self.index, self.time.now().0, sync, &durable)
     }
 
     pub(crate) fn stats(&self) -> Stats {
