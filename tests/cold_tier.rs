@@ -168,9 +168,14 @@ fn generations_are_merged_down_to_eight() {
     let store = open(dir.path(), &clock, Some(1));
     fill(&store, &clock, "k", 2_400, 24);
     let stats = store.stats();
-    // 24 spills down to 8 generations: a merge takes up to three, so 8 merges or more.
-    assert_eq!(stats.cold.spills, 24, "{:?}", stats.cold);
-    assert!(stats.cold.merges >= 8, "{:?}", stats.cold);
+    // 24 spills or more (the background reaper may split a bucket's) down to 8
+    // generations: a merge takes up to three, so it removes at most two.
+    assert!(stats.cold.spills >= 24, "{:?}", stats.cold);
+    assert!(
+        stats.cold.merges >= (stats.cold.spills - 8).div_ceil(2),
+        "{:?}",
+        stats.cold
+    );
     assert!(stats.cold.generations <= 8, "{:?}", stats.cold);
     assert_eq!(stats.cold.entries, 2_400);
     let ns = store

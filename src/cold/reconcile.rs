@@ -83,15 +83,16 @@ impl ColdTier {
     /// After an open that replayed only the records no spill walked: each hot entry
     /// whose key the replay's screen found in some filter (`screened`: their hashes,
     /// in any order, repeats allowed) is probed in every generation and the newest of
-    /// its records wins. A cold entry with a lower lsn is killed (a write after the state was written shadowed
-    /// it; the kill was in RAM only) and its key taken out of the cold counts; a hot
-    /// entry with a lower lsn than a cold one (an older record of a re-created key,
-    /// which no spill walked) is dropped. Runs after `Index::finish_recovery`, so states
-    /// are counted as this open sees them. Cost: a record read and the filter probes
-    /// per hot key. Returns how many of the claims `finish_recovery` counted as
-    /// released it took out again (claims in progress whose entry it killed or dropped:
-    /// no claim was in progress there when the process died). `open_counters` are the
-    /// cold state's (`restore` returns them): which of its claims it counted in progress.
+    /// its records wins. A cold entry with a lower lsn is killed (a write after the
+    /// state was written shadowed it; the kill was in RAM only) and its key taken out
+    /// of the cold counts; a hot entry with a lower lsn than a cold one (an older
+    /// record of a re-created key, which no spill walked) is dropped. Runs after
+    /// `Index::finish_recovery`, so states are counted as this open sees them. Cost: a
+    /// record read and the filter probes per hot key. Returns how many of the claims
+    /// `finish_recovery` counted as released it took out again (claims in progress
+    /// whose entry it killed or dropped: no claim was in progress there when the
+    /// process died). `open_counters` are the cold state's (`restore` returns them):
+    /// which of its claims it counted in progress.
     pub(crate) fn reconcile(
         &self,
         log: &Log,

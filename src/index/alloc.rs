@@ -19,9 +19,9 @@ const TABLE_MMAP_MIN: usize = 4096;
 /// That is for stores without a memory budget, whose tables only grow. Under a budget
 /// the tables shrink after every spill and grow back, and each unmapping is a TLB
 /// shootdown, an interrupt to every other core the process runs on (30M keys at an
-/// 80 MiB budget: 62K `munmap`s in all; at 100M and 256 MiB, the interrupts took ~6% of the writers'
-/// samples). A budgeted store's tables come from the global allocator, whose free
-/// memory the reaper hands back after each round (`cold::release_free_memory`).
+/// 80 MiB budget: 62K `munmap`s in all; at 100M and 256 MiB, the interrupts took ~6%
+/// of the writers' samples). A budgeted store's tables come from the global
+/// allocator, whose free memory the trims hand back (`cold::release_free_memory`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TableAlloc {
     /// Tables from [`TABLE_MMAP_MIN`] up are mapped (no memory budget).
